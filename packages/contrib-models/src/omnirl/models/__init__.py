@@ -1,0 +1,1 @@
+"""omnirl.models: model adapters, one folder per model family, and the shared SDE schedulers."""

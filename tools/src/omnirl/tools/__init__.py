@@ -1,0 +1,1 @@
+"""omnirl.tools: command-line tools."""
