@@ -243,6 +243,13 @@ class WeightUpdate(Message, tag="weight_update", kw_only=True):
     adapter_config: dict[str, Any] = {}  # PEFT LoraConfig fields when format == "lora"
 
 
+class WeightRequest(Message, tag="weight_request", kw_only=True):
+    """Ask for the newest version above ``have_version`` (-1: none held, e.g. a late joiner)."""
+
+    worker_id: str
+    have_version: int = -1
+
+
 # ------------------------------------------------------------------------------- liveness
 
 
@@ -277,6 +284,7 @@ AnyMessage = (
     | DiffusionTrajectoryGroup
     | TokenTrajectoryGroup
     | WeightUpdate
+    | WeightRequest
     | Heartbeat
     | Ack
     | Refusal
