@@ -1,0 +1,221 @@
+"""The trainer process's configuration: OmegaConf structured configs (dataclasses).
+
+Defaults live here and only here; a YAML file holds only what it changes. Sampling
+defaults are read from :class:`~omnirl.protocol.messages.SamplingParams`, so the lease a
+worker receives and this config cannot disagree about a default.
+
+``load_config(path, overrides)`` merges ``defaults <- file <- dotlist``; an unknown key in
+the file or in the dotlist raises :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from omnirl.protocol.messages import SamplingParams
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key."""
+
+
+def _sampling_default(name: str) -> Any:
+    for f in msgspec.structs.fields(SamplingParams):
+        if f.name == name:
+            return f.default
+    raise KeyError(name)
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    output_dir: str = "outputs/run"
+    seed: int = 0
+    device: str = "cpu"  # "cpu", "cuda:0", ...
+    dtype: str = "float32"  # model dtype: "float32", "bfloat16", "float16"
+
+
+@dataclass
+class LoraConfig:
+    r: int = 8
+    alpha: int = 8
+    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    dropout: float = 0.0
+
+
+@dataclass
+class ModelConfig:
+    path: str = "???"  # a diffusers model directory
+    lora: LoraConfig | None = field(default_factory=LoraConfig)  # null: full fine-tuning
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "flow_grpo"
+    overrides: dict[str, Any] = field(default_factory=dict)  # passed to the algorithm spec
+
+
+@dataclass
+class DataConfig:
+    prompts: str = "???"  # .jsonl or .parquet of {"prompt": ..., "metadata": {...}}
+    group_size: int = 4  # samples per prompt
+    prompts_per_lease: int = 1
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass
+class SamplingConfig:
+    """Defaults of the :class:`SamplingParams` every lease carries."""
+
+    num_steps: int = _sampling_default("num_steps")
+    guidance_scale: float = _sampling_default("guidance_scale")
+    height: int = _sampling_default("height")
+    width: int = _sampling_default("width")
+    noise_level: float = _sampling_default("noise_level")
+    sde_window: list[int] | None = None  # [start, end) step indices; null: all steps
+    sde_type: str | None = None  # null: the algorithm's SDE variant
+    negative_prompt: str = _sampling_default("negative_prompt")
+    record_images: bool = _sampling_default("record_images")
+
+
+@dataclass
+class TrainConfig:
+    """What :class:`omnirl.trainer.step.TrainStep` needs, plus the batching of the loop."""
+
+    groups_per_step: int = 4  # accepted groups per optimisation step
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_range: float = 1e-4
+    adv_clip_max: float = 5.0
+    kl_beta: float = 0.0
+    inner_epochs: int = 1
+    micro_batch_size: int = 0  # samples per backward; 0: the whole step at once
+    ema_decay: float = 0.0  # 0: no EMA
+    max_staleness: int = 0  # 0: synchronous (on-policy); K >= 1 asynchronous
+
+
+@dataclass
+class RuntimeConfig:
+    host: str = "127.0.0.1"  # bind address; workers connect here
+    control_port: int = 5555  # 0: pick a free port (the address is written to trainer.addr)
+    weights_port: int = 0  # 0: pick
+    intake_port: int = 0  # 0: pick
+    lease_timeout_s: float = 300.0
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 10.0
+    max_message_bytes: int = 1 << 30
+    weight_chunk_bytes: int = 64 << 20
+    max_reissues: int = 5  # a group reissued more often than this is abandoned (counted)
+    shutdown_grace_s: float = 3.0  # after max_steps, keep answering "shutdown" this long
+    insecure: bool = False  # allow a non-loopback bind without CurveZMQ keys
+    keys_dir: str | None = None  # CurveZMQ keys (see omnirl.protocol.auth)
+
+
+@dataclass
+class LoggingConfig:
+    jsonl: bool = True  # <output_dir>/metrics.jsonl
+    tensorboard: bool = True  # <output_dir>/tb
+    image_grid_every: int = 0  # steps; 0: never
+    progress_bar: bool = True
+    log_level: str = "INFO"
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps; 0: only at the end
+    dir: str | None = None  # null: <output_dir>/checkpoints
+    keep_last: int = 2
+
+
+@dataclass
+class TrainerConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    max_steps: int = 10
+
+
+def _explain(err: OmegaConfBaseException, source: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or getattr(err, "key", None)
+    msg = getattr(err, "msg", str(err)).splitlines()[0]
+    where = f"key '{key}'" if key else "a key"
+    return ConfigError(f"{source}: {where}: {msg}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
+    """Merge defaults, the YAML file at ``path`` and ``key=value`` overrides.
+
+    Returns a read-only structured ``DictConfig`` (typed as :class:`TrainerConfig`).
+    Raises :class:`ConfigError` naming the offending key for an unknown key, a value of
+    the wrong type, or a required value (``???``) left missing.
+    """
+    cfg = OmegaConf.structured(TrainerConfig)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            file_cfg = OmegaConf.load(path)
+            cfg = OmegaConf.merge(cfg, file_cfg)
+        except OmegaConfBaseException as err:
+            raise _explain(err, str(path)) from None
+    if overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        except OmegaConfBaseException as err:
+            raise _explain(err, "override") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"required key(s) not set: {', '.join(missing)}")
+    _validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _validate(cfg: DictConfig) -> None:
+    checks = [
+        ("data.group_size", cfg.data.group_size >= 1),
+        ("data.prompts_per_lease", cfg.data.prompts_per_lease >= 1),
+        ("train.groups_per_step", cfg.train.groups_per_step >= 1),
+        ("train.max_staleness", cfg.train.max_staleness >= 0),
+        ("max_steps", cfg.max_steps >= 0),
+        ("runtime.weight_chunk_bytes", cfg.runtime.weight_chunk_bytes >= 1),
+        ("runtime.heartbeat_timeout_s", cfg.runtime.heartbeat_timeout_s > 0),
+        ("runtime.lease_timeout_s", cfg.runtime.lease_timeout_s > 0),
+    ]
+    for key, ok in checks:
+        if not ok:
+            raise ConfigError(f"key '{key}': value {OmegaConf.select(cfg, key)!r} is out of range")
+    window = cfg.sampling.sde_window
+    if window is not None and (len(window) != 2 or not 0 <= window[0] < window[1]):
+        raise ConfigError(f"key 'sampling.sde_window': {list(window)!r} is not [start, end)")
+    if cfg.run.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"key 'run.dtype': unknown dtype {cfg.run.dtype!r}")
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    """A plain, JSON-able dict of the resolved config (for checkpoints and the Welcome)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def checkpoint_dir(cfg: DictConfig) -> Path:
+    return (
+        Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run.output_dir) / "checkpoints"
+    )

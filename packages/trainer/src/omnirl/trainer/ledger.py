@@ -1,0 +1,359 @@
+"""Leases, deadlines and exactly-once intake: pure bookkeeping, no sockets, no clocks.
+
+Every prompt group is named by its ``group_id`` (its dataset position). A group is in one
+of these states::
+
+    pending   waiting to be (re)issued: a fresh prompt that has been drawn, or one whose
+              lease expired, whose worker was lost, or whose result came back stale
+    issued    out in a lease
+    accepted  its scored result arrived and is buffered for training
+    trained   consumed by an optimisation step (kept: a later copy is a duplicate)
+    abandoned reissued more than ``max_reissues`` times (counted, never trained)
+
+``accept()`` counts a ``group_id`` once, whichever copy arrives first (the original after a
+reissue, or the reissue); every later copy is a :class:`Duplicate`.
+
+**Staleness** is ``current_version - group.policy_version``. A group staler than
+``max_staleness`` is dropped and counted, and its prompt is reissued (same ``group_id``)
+unless another copy of it is already out, so stale results never lose data; the
+``max_reissues`` cap keeps a hopeless prompt from circulating forever.
+
+**Lease budget**: at most ``groups_per_step * (max_staleness + 1)`` groups are issued or
+accepted-but-untrained at once. With ``max_staleness = 0`` that is one step's worth, so no
+lease of version ``v + 1`` goes out until the step on version ``v`` has consumed its batch,
+and leases only ever carry the current (published) version: synchronous, on-policy.
+
+All times are passed in (``now``, seconds), which keeps this module deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnirl.protocol.messages import PromptSpec
+
+
+# ------------------------------------------------------------------------------- outcomes
+@dataclass(frozen=True)
+class Accepted:
+    group_id: str
+    staleness: int
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    group_id: str
+
+
+@dataclass(frozen=True)
+class Stale:
+    group_id: str
+    staleness: int
+    reissued: bool
+
+
+@dataclass(frozen=True)
+class UnknownGroup:
+    """Never issued by this ledger (nor by the run it was resumed from)."""
+
+    group_id: str
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class FutureVersion:
+    """Claims a policy version the trainer has not published."""
+
+    group_id: str
+    policy_version: int
+
+
+Outcome = Accepted | Duplicate | Stale | UnknownGroup | FutureVersion
+
+
+# --------------------------------------------------------------------------------- records
+@dataclass
+class LeaseRecord:
+    lease_id: str
+    worker_id: str
+    prompts: list[PromptSpec]
+    policy_version: int
+    issued_at: float
+    deadline: float
+    open: set[str] = field(default_factory=set)  # group_ids not yet returned
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    role: str
+    last_seen: float
+    policy_version: int = -1
+    leases: list[str] = field(default_factory=list)  # as reported by its last heartbeat
+
+
+@dataclass
+class GroupRecord:
+    prompt: PromptSpec
+    state: str  # pending | issued | accepted | trained | abandoned
+    lease_id: str = ""
+    issues: int = 0  # how many times it went out
+
+
+class Ledger:
+    def __init__(
+        self,
+        *,
+        groups_per_step: int,
+        max_staleness: int = 0,
+        lease_timeout_s: float = 300.0,
+        heartbeat_timeout_s: float = 10.0,
+        max_reissues: int = 5,
+        run_id: str = "run",
+    ):
+        self.groups_per_step = groups_per_step
+        self.max_staleness = max_staleness
+        self.lease_timeout_s = lease_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_reissues = max_reissues
+        self.run_id = run_id
+        self.leases: dict[str, LeaseRecord] = {}
+        self.workers: dict[str, WorkerRecord] = {}
+        self.groups: dict[str, GroupRecord] = {}
+        self.pending: OrderedDict[str, None] = OrderedDict()  # group_ids to (re)issue, FIFO
+        self.counters: Counter[str] = Counter()
+        self._lease_seq = itertools.count()
+        self._generation = 0  # bumped on every resume so lease ids never repeat
+
+    # ---------------------------------------------------------------------------- workers
+    def heartbeat(
+        self,
+        worker_id: str,
+        now: float,
+        *,
+        role: str = "rollout",
+        policy_version: int = -1,
+        leases: list[str] | None = None,
+    ) -> None:
+        """Record a sign of life (a Hello, a Heartbeat or any request)."""
+        rec = self.workers.get(worker_id)
+        if rec is None:
+            rec = self.workers[worker_id] = WorkerRecord(worker_id, role, now)
+            self.counters["workers_joined"] += 1
+        rec.last_seen = now
+        rec.role = role
+        if policy_version >= 0:
+            rec.policy_version = policy_version
+        if leases is not None:
+            rec.leases = list(leases)
+
+    def live_workers(self, role: str | None = None) -> list[WorkerRecord]:
+        return [w for w in self.workers.values() if role is None or w.role == role]
+
+    # ----------------------------------------------------------------------------- leases
+    def in_flight(self) -> int:
+        """Groups issued or accepted but not yet trained (what the lease budget bounds)."""
+        return sum(1 for g in self.groups.values() if g.state in ("issued", "accepted"))
+
+    def budget(self) -> int:
+        return self.groups_per_step * (self.max_staleness + 1) - self.in_flight()
+
+    def issue(
+        self,
+        worker_id: str,
+        capacity: int,
+        now: float,
+        *,
+        policy_version: int,
+        fresh: Callable[[], PromptSpec],
+    ) -> LeaseRecord | None:
+        """A lease of up to ``capacity`` groups (reissues first, then ``fresh()`` prompts).
+
+        Returns None when the lease budget is spent (see the module docstring).
+        """
+        n = min(max(capacity, 0), self.budget())
+        if n <= 0:
+            return None
+        prompts: list[PromptSpec] = []
+        while self.pending and len(prompts) < n:
+            gid, _ = self.pending.popitem(last=False)
+            prompts.append(self.groups[gid].prompt)
+            self.counters["groups_reissued"] += 1
+        while len(prompts) < n:
+            prompt = fresh()
+            if prompt.group_id in self.groups:  # the data source wrapped onto a live id
+                raise ValueError(f"fresh prompt {prompt.group_id!r} is already in the ledger")
+            self.groups[prompt.group_id] = GroupRecord(prompt, "pending")
+            prompts.append(prompt)
+            self.counters["groups_issued"] += 1
+        lease_id = f"{self.run_id}:g{self._generation}:l{next(self._lease_seq)}"
+        lease = LeaseRecord(
+            lease_id=lease_id,
+            worker_id=worker_id,
+            prompts=prompts,
+            policy_version=policy_version,
+            issued_at=now,
+            deadline=now + self.lease_timeout_s,
+            open={p.group_id for p in prompts},
+        )
+        for p in prompts:
+            g = self.groups[p.group_id]
+            g.state, g.lease_id = "issued", lease_id
+            g.issues += 1
+        self.leases[lease_id] = lease
+        self.counters["leases_issued"] += 1
+        return lease
+
+    def expire(self, now: float) -> list[str]:
+        """Close leases past their deadline or held by a worker that stopped heartbeating.
+
+        Their open groups go back to ``pending`` (same ``group_id``). Lost workers are
+        forgotten. Returns the expired lease ids.
+        """
+        lost = {
+            w.worker_id
+            for w in self.workers.values()
+            if now - w.last_seen > self.heartbeat_timeout_s
+        }
+        for wid in lost:
+            del self.workers[wid]
+            self.counters["workers_lost"] += 1
+        expired = []
+        for lease in list(self.leases.values()):
+            if lease.worker_id in lost or lease.worker_id not in self.workers:
+                self.counters["leases_lost_worker"] += 1
+            elif now > lease.deadline:
+                self.counters["leases_expired"] += 1
+            else:
+                continue
+            self._close(lease, requeue=True)
+            expired.append(lease.lease_id)
+        return expired
+
+    def _close(self, lease: LeaseRecord, *, requeue: bool) -> None:
+        del self.leases[lease.lease_id]
+        if requeue:
+            for gid in sorted(lease.open):
+                self._requeue(gid)
+        lease.open.clear()
+
+    def _requeue(self, gid: str) -> bool:
+        g = self.groups[gid]
+        if g.issues > self.max_reissues:
+            g.state = "abandoned"
+            self.counters["groups_abandoned"] += 1
+            return False
+        g.state, g.lease_id = "pending", ""
+        self.pending[gid] = None
+        return True
+
+    def _settle(self, gid: str) -> None:
+        """Take ``gid`` out of whatever lease / queue holds it (it has been answered)."""
+        g = self.groups[gid]
+        self.pending.pop(gid, None)
+        lease = self.leases.get(g.lease_id)
+        if lease is not None:
+            lease.open.discard(gid)
+            if not lease.open:
+                del self.leases[lease.lease_id]
+                self.counters["leases_completed"] += 1
+        g.lease_id = ""
+
+    # ----------------------------------------------------------------------------- intake
+    def accept(
+        self, group_id: str, lease_id: str, policy_version: int, current_version: int
+    ) -> Outcome:
+        """Decide what a scored group that just arrived counts as."""
+        g = self.groups.get(group_id)
+        if g is None:
+            self.counters["groups_unknown"] += 1
+            return UnknownGroup(group_id, lease_id)
+        if policy_version > current_version:
+            self.counters["groups_future_version"] += 1
+            return FutureVersion(group_id, policy_version)
+        if g.state in ("accepted", "trained", "abandoned"):
+            self.counters["groups_duplicate"] += 1
+            return Duplicate(group_id)
+        staleness = current_version - policy_version
+        if staleness > self.max_staleness:
+            self.counters["groups_stale"] += 1
+            # reissue only if this copy answers the lease that currently holds the group,
+            # or the group is already waiting; otherwise another copy is still out
+            reissued = False
+            if g.state == "pending":
+                reissued = True
+            elif g.lease_id == lease_id:
+                self._settle(group_id)
+                reissued = self._requeue(group_id)
+            return Stale(group_id, staleness, reissued)
+        self._settle(group_id)
+        g.state = "accepted"
+        self.counters["groups_accepted"] += 1
+        return Accepted(group_id, staleness)
+
+    def mark_trained(self, group_ids: list[str]) -> None:
+        for gid in group_ids:
+            self.groups[gid].state = "trained"
+        self.counters["groups_trained"] += len(group_ids)
+
+    def requeue_accepted(self, group_ids: list[str]) -> None:
+        """Accepted groups the trainer could not use after all (e.g. stale at step time)."""
+        for gid in group_ids:
+            if self.groups[gid].state == "accepted":
+                self._requeue(gid)
+
+    # ------------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume. Issued and accepted-but-untrained groups are saved
+        as pending: on resume they are issued again (same ``group_id``s). Finished groups
+        are kept by id only."""
+        live = [gid for gid, g in self.groups.items() if g.state in ("issued", "accepted")]
+        order = list(self.pending) + live
+        return {
+            "open": [
+                {
+                    "group_id": gid,
+                    "text": self.groups[gid].prompt.text,
+                    "metadata": self.groups[gid].prompt.metadata,
+                    "issues": self.groups[gid].issues,
+                }
+                for gid in order
+            ],
+            "trained": [gid for gid, g in self.groups.items() if g.state == "trained"],
+            "abandoned": [gid for gid, g in self.groups.items() if g.state == "abandoned"],
+            "counters": dict(self.counters),
+            "generation": self._generation,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.leases.clear()
+        self.workers.clear()
+        self.groups = {}
+        for kind in ("trained", "abandoned"):
+            for gid in state[kind]:
+                self.groups[gid] = GroupRecord(PromptSpec(group_id=gid, text=""), kind)
+        self.pending = OrderedDict()
+        for r in state["open"]:
+            prompt = PromptSpec(
+                group_id=r["group_id"], text=r["text"], metadata=dict(r["metadata"])
+            )
+            self.groups[prompt.group_id] = GroupRecord(prompt, "pending", issues=int(r["issues"]))
+            self.pending[prompt.group_id] = None
+        self.counters = Counter(state["counters"])
+        self._generation = int(state["generation"]) + 1
+        self._lease_seq = itertools.count()
+
+    # ----------------------------------------------------------------------------- status
+    def summary(self) -> dict[str, int]:
+        states = Counter(g.state for g in self.groups.values())
+        return {
+            "leases_in_flight": len(self.leases),
+            "groups_pending": len(self.pending),
+            "groups_in_flight": states["issued"],
+            "groups_buffered": states["accepted"],
+            **{k: int(v) for k, v in sorted(self.counters.items())},
+        }
