@@ -1,0 +1,155 @@
+"""Abstract bases of the two adapters every diffusion model family provides.
+
+The rollout adapter samples trajectories and records what the trainer needs; the training
+adapter recomputes the policy's distribution of those recorded transitions. The two must
+agree exactly: on-policy, ``exp(logp_train - logp_rollout) == 1`` within 1e-5 in float32.
+A family achieves that by sharing one function for the guided velocity between both.
+
+Capabilities are class attributes, read by the runtime before it builds anything.
+Shapes: ``G`` samples per group, ``K`` recorded steps, ``B`` rows of a
+:class:`~omnirl.models.transitions.TransitionBatch`, ``C, H, W`` latent dims.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from omnirl.models.schedulers import SDEStepOutput
+    from omnirl.models.transitions import TransitionBatch
+    from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
+
+WeightFormat = Literal["lora", "full"]
+
+
+class WeightLoadError(ValueError):
+    """A weight update does not fit the model (unknown name, wrong shape or dtype)."""
+
+
+class DiffusionRolloutAdapter(abc.ABC):
+    """Samples groups of trajectories with log-prob recording (the behaviour policy)."""
+
+    architecture: ClassVar[str] = ""  # registry key, e.g. "StableDiffusion3Pipeline"
+    supports_lora: ClassVar[bool] = False
+    supports_full: ClassVar[bool] = False
+    supports_cfg: ClassVar[bool] = False
+    sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance_sde", "ode")
+
+    @classmethod
+    @abc.abstractmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        lora: dict[str, Any] | None = None,
+    ) -> DiffusionRolloutAdapter:
+        """Load the model folder at ``path`` onto ``device`` in ``dtype``.
+
+        ``lora``: PEFT ``LoraConfig`` keyword arguments (``r``, ``lora_alpha``,
+        ``target_modules``, ``init_lora_weights``); when given, an adapter of that shape is
+        added so that ``load_weights("lora", ...)`` has somewhere to go.
+        """
+
+    @abc.abstractmethod
+    def sample(
+        self,
+        prompts: list[PromptSpec],
+        sampling: SamplingParams,
+        *,
+        lease_id: str,
+        worker_id: str,
+        policy_version: int,
+    ) -> list[DiffusionTrajectoryGroup]:
+        """Sample ``sampling.group_size`` trajectories for each prompt; one group per prompt.
+
+        Each group records, for its ``K`` window steps: ``step_indices [K]``,
+        ``timesteps/sigmas/next_sigmas/noise_levels [K]`` (float32), ``latents`` and
+        ``next_latents [G, K, C, H, W]`` and ``log_probs [G, K]`` (float32), plus
+        ``final_latents [G, C, H, W]``, ``images`` uint8 ``[G, H, W, 3]`` when
+        ``sampling.record_images``, and its conditioning once (``prompt_embeds [L, D]`` ...).
+        A sample's trajectory depends only on its seed, never on its batch neighbours
+        (up to the model's own batch-composition effects in the low bits).
+        """
+
+    @abc.abstractmethod
+    def load_weights(self, format: WeightFormat, tensors: dict[str, Tensor]) -> None:
+        """Apply a weight update atomically: validate every name, shape and dtype first,
+        then copy; a bad update raises :class:`WeightLoadError` and leaves the model as it was.
+        """
+
+
+class DiffusionTrainingAdapter(abc.ABC):
+    """Holds the trainable module and recomputes the distribution of recorded transitions."""
+
+    architecture: ClassVar[str] = ""
+    supports_lora: ClassVar[bool] = False
+    supports_full: ClassVar[bool] = False
+    supports_cfg: ClassVar[bool] = False
+    supports_gradient_checkpointing: ClassVar[bool] = False
+    sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance_sde", "ode")
+
+    @classmethod
+    @abc.abstractmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        lora: dict[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> DiffusionTrainingAdapter:
+        """Load only what training needs (no text encoders: embeddings come recorded).
+
+        ``lora``: PEFT ``LoraConfig`` kwargs for LoRA training; ``None``: full fine-tuning.
+        """
+
+    @property
+    @abc.abstractmethod
+    def weight_format(self) -> WeightFormat:
+        """``"lora"`` or ``"full"``: what :meth:`export_weights` returns."""
+
+    def adapter_config(self) -> dict[str, Any]:
+        """PEFT ``LoraConfig`` fields of the adapter (``{}`` for full fine-tuning)."""
+        return {}
+
+    @abc.abstractmethod
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimiser updates (adapter weights only under LoRA)."""
+
+    @abc.abstractmethod
+    def transition(self, batch: TransitionBatch, *, sde_type: str) -> SDEStepOutput:
+        """Recompute ``log p(next_latents | latents)`` under the current policy.
+
+        Uses the same guided-velocity function as the rollout (CFG included). Returns the
+        scheduler's output: ``log_prob [B]``, ``prev_sample_mean [B, C, H, W]``,
+        ``std_dev_t [B]``, ``step_std [B]``, all float32, differentiable w.r.t.
+        :meth:`trainable_parameters`.
+        """
+
+    @abc.abstractmethod
+    def reference(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which :meth:`transition` computes the reference policy.
+
+        LoRA: the adapter disabled. Full: a frozen copy of the initial weights, made lazily.
+        """
+
+    @abc.abstractmethod
+    def export_weights(self) -> dict[str, Tensor]:
+        """What a weight update carries: LoRA tensors only, or every transformer weight.
+
+        Tensors are detached, contiguous and on the CPU; names match what the rollout
+        adapter's :meth:`DiffusionRolloutAdapter.load_weights` expects.
+        """
+
+    @abc.abstractmethod
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Save the trainable weights in the model family's native format."""

@@ -1,0 +1,1 @@
+"""Stable Diffusion 3 family."""
