@@ -275,6 +275,39 @@ class Refusal(Message, tag="refusal", kw_only=True):
     ref: str = ""
 
 
+# --------------------------------------------------------------------------------- status
+
+
+class StatusRequest(Message, tag="status_request", kw_only=True):
+    """Ask the trainer (on ``control``) for a :class:`Status`; used by ``omnirl status``."""
+
+    worker_id: str = ""
+
+
+class WorkerStatus(msgspec.Struct, kw_only=True):
+    worker_id: str
+    role: str
+    policy_version: int = -1
+    last_seen_s: float = 0.0  # seconds since the trainer last heard from it
+    leases: list[str] = []
+    address: str = ""
+
+
+class Status(Message, tag="status", kw_only=True):
+    """The trainer's view of the run: fleet, versions, leases in flight, intake rate."""
+
+    run_id: str
+    state: str = "running"  # running | stepping | shutdown
+    policy_version: int = -1
+    step: int = 0
+    max_steps: int = 0
+    workers: list[WorkerStatus] = []
+    leases_in_flight: int = 0
+    groups_buffered: int = 0
+    intake_rate: float = 0.0  # accepted groups per second, recent window
+    counters: dict[str, int] = {}
+
+
 AnyMessage = (
     Hello
     | Welcome
@@ -288,6 +321,8 @@ AnyMessage = (
     | Heartbeat
     | Ack
     | Refusal
+    | StatusRequest
+    | Status
 )
 
 MESSAGE_TYPES: tuple[type[Message], ...] = AnyMessage.__args__  # type: ignore[attr-defined]
