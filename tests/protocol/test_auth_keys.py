@@ -9,6 +9,7 @@ import stat
 import pytest
 import zmq
 import zmq.auth
+
 from omnirl.protocol.auth import (
     InsecureEndpointError,
     InvalidEndpointError,
