@@ -7,6 +7,7 @@ The annotation is a plain class so that importing the schemas does not import to
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -15,7 +16,17 @@ if TYPE_CHECKING:
     from torch import Tensor
 else:
 
-    class Tensor:
+    class _TensorMeta(type):
+        # msgspec checks that a decode hook returns an instance of the annotated type.
+        # The codec's hook returns a TensorRef (replaced by a tensor right after), and at
+        # run time the field holds a torch.Tensor: both count as a ``Tensor``.
+        def __instancecheck__(cls, obj: object) -> bool:
+            if isinstance(obj, TensorRef):
+                return True
+            torch = sys.modules.get("torch")  # not loaded: obj cannot be a torch.Tensor
+            return torch is not None and isinstance(obj, torch.Tensor)
+
+    class Tensor(metaclass=_TensorMeta):
         """Placeholder annotation: the value is a ``torch.Tensor`` at run time."""
 
 
