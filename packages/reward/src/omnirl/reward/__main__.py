@@ -1,0 +1,5 @@
+import sys
+
+from omnirl.reward.cli import main
+
+sys.exit(main())

@@ -1,0 +1,69 @@
+"""``uv run reward --trainer tcp://HOST:PORT [--scorer NAME[:W],...] [--bind ADDR]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from omnirl.protocol.auth import add_security_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="reward", description="omnirl reward worker: score trajectory groups, forward them"
+    )
+    parser.add_argument("--trainer", required=True, help="the trainer's control address")
+    parser.add_argument(
+        "--scorer",
+        default="jpeg_compressibility",
+        help="scorer name, or comma-separated NAME:WEIGHT list (default jpeg_compressibility)",
+    )
+    parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="where to bind the PULL")
+    parser.add_argument("--worker-id", default="", help="default: reward-<random>")
+    parser.add_argument(
+        "--trainer-timeout",
+        type=float,
+        default=30.0,
+        help="exit (code 2) after the trainer is unreachable this long (s)",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    add_security_arguments(parser, default_name="reward")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from omnirl.protocol.auth import SecurityConfig
+    from omnirl.reward.scorers import UnknownScorer
+    from omnirl.reward.scoring import ScorerSpecError, parse_scorer_spec
+    from omnirl.reward.worker import RewardWorker, RewardWorkerConfig
+
+    try:
+        scorers = parse_scorer_spec(args.scorer)
+    except (UnknownScorer, ScorerSpecError) as exc:
+        print(f"reward: {exc}", file=sys.stderr)
+        return 2
+    worker = RewardWorker(
+        RewardWorkerConfig(
+            trainer=args.trainer,
+            scorers=scorers,
+            bind=args.bind,
+            worker_id=args.worker_id,
+            security=SecurityConfig.from_args(args),
+            trainer_timeout_s=args.trainer_timeout,
+        )
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: worker.stop())
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The reward worker: PULL trajectory groups, score their images, PUSH them to the trainer.
+
+One thread, one poller: the PULL it binds (its address goes in its ``Hello``), the control
+DEALER to the trainer, and a monitor of that DEALER that tells when the trainer goes away.
+A group is decoded without the finiteness scan of its large tensors (the trainer does that
+on intake) and only its ``images`` are read; the other tensor frames are forwarded as the
+very buffers that arrived (the codec builds tensors over received frames and encodes a
+contiguous tensor as a view of its memory, so nothing is copied or re-encoded but the header).
+
+Exit codes: 0 after the trainer's ``shutdown`` or a stop request; 1 when the trainer refuses
+us; 2 when the trainer has been unreachable for ``trainer_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import zmq
+from omnirl.protocol.codec import decode, encode
+from zmq.utils.monitor import recv_monitor_message
+
+from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.errors import ProtocolError
+from omnirl.protocol.messages import (
+    DiffusionTrajectoryGroup,
+    Heartbeat,
+    Hello,
+    Refusal,
+    Welcome,
+)
+from omnirl.reward.net import bind_socket, connect_socket, send
+from omnirl.reward.scoring import ScoringError, WeightedScorer, score_group
+
+log = logging.getLogger("omnirl.reward")
+
+EXIT_OK, EXIT_REFUSED, EXIT_TRAINER_LOST = 0, 1, 2
+
+
+@dataclass(kw_only=True, slots=True)
+class RewardWorkerConfig:
+    trainer: str  # the trainer's control address
+    scorers: list[WeightedScorer]
+    bind: str = "tcp://127.0.0.1:0"
+    worker_id: str = ""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    trainer_timeout_s: float = 30.0
+    max_bytes: int = 1 << 31
+    hello_retry_s: float = 5.0
+
+
+@dataclass(slots=True)
+class RewardCounters:
+    scored: int = 0
+    refused: int = 0  # sent on as a Refusal (scorer failure, no images, wrong kind)
+    malformed: int = 0  # could not be decoded: dropped, logged
+
+
+class RewardWorker:
+    """Run with :meth:`run`; :meth:`stop` (any thread, or a signal handler) ends it."""
+
+    def __init__(self, config: RewardWorkerConfig, *, context: zmq.Context | None = None):
+        self.config = config
+        self.worker_id = config.worker_id or f"reward-{uuid.uuid4().hex[:8]}"
+        self.counters = RewardCounters()
+        self.address = ""  # the PULL's bound address, known once run() has started
+        self._context = context or zmq.Context.instance()
+        self._stop = False
+        self._welcome: Welcome | None = None
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # ------------------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        ctx, cfg = self._context, self.config
+        pull = bind_socket(ctx, zmq.PULL, cfg.bind, cfg.security)
+        self.address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        control = connect_socket(ctx, zmq.DEALER, cfg.trainer, cfg.security)
+        monitor = control.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        push: zmq.Socket | None = None
+        push_address = ""
+        poller = zmq.Poller()
+        for sock in (pull, control, monitor):
+            poller.register(sock, zmq.POLLIN)
+        log.info("%s: PULL on %s, trainer %s", self.worker_id, self.address, cfg.trainer)
+        hello_sent_at = -1e9
+        next_beat = 0.0
+        lost_since: float | None = None
+        started = time.monotonic()
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                if self._welcome is None and now - hello_sent_at >= cfg.hello_retry_s:
+                    send(control, self._hello())
+                    hello_sent_at = now
+                if self._welcome is not None and now >= next_beat:
+                    send(control, self._heartbeat())
+                    next_beat = now + self._welcome.heartbeat_interval_s
+                unreachable_since = (
+                    lost_since
+                    if lost_since is not None
+                    else (started if self._welcome is None else None)
+                )
+                if (
+                    unreachable_since is not None
+                    and now - unreachable_since > cfg.trainer_timeout_s
+                ):
+                    log.error(
+                        "%s: trainer unreachable for %.0f s, exiting",
+                        self.worker_id,
+                        now - unreachable_since,
+                    )
+                    return EXIT_TRAINER_LOST
+                for sock, _ in poller.poll(timeout=200):
+                    if sock is monitor:
+                        event = recv_monitor_message(monitor)["event"]
+                        if event == zmq.EVENT_DISCONNECTED:
+                            lost_since = time.monotonic()
+                            log.warning("%s: lost the trainer's control socket", self.worker_id)
+                        elif event == zmq.EVENT_CONNECTED and lost_since is not None:
+                            lost_since = None
+                            self._welcome, hello_sent_at = None, -1e9  # register again
+                    elif sock is control:
+                        code = self._on_control(control.recv_multipart(copy=False))
+                        if code is not None:
+                            return code
+                        intake = self._welcome.topology.intake if self._welcome else ""
+                        if intake and intake != push_address:
+                            if push is not None:
+                                push.close(linger=1000)
+                            push = connect_socket(ctx, zmq.PUSH, intake, cfg.security)
+                            push_address = intake
+                    elif sock is pull:
+                        frames = pull.recv_multipart(copy=False)
+                        if push is None:
+                            self.counters.malformed += 1
+                            log.warning("%s: group before welcome, dropped", self.worker_id)
+                            continue
+                        for out in self.process(frames):
+                            push.send_multipart(out, copy=False)
+            return EXIT_OK
+        finally:
+            control.disable_monitor()
+            for sock in (monitor, pull, control, push):
+                if sock is not None:
+                    sock.close(linger=1000 if sock is push else 0)
+
+    # -------------------------------------------------------------------------- messages
+
+    def process(self, frames: list) -> list[list]:
+        """Score one received multipart message; return the messages to forward (0 or 1).
+
+        A message that cannot be decoded is dropped and counted; one that cannot be scored
+        becomes a ``Refusal(code="reward_failed", ref=group_id)`` on the intake.
+        """
+        t0 = time.perf_counter()
+        try:
+            msg = decode(frames, max_bytes=self.config.max_bytes, check_finite=False)
+        except ProtocolError as exc:
+            self.counters.malformed += 1
+            log.warning("%s: dropped a malformed message: %s", self.worker_id, exc)
+            return []
+        if not isinstance(msg, DiffusionTrajectoryGroup):
+            self.counters.refused += 1
+            reason = (
+                f"reward worker {self.worker_id} scores diffusion groups, got {type(msg).__name__}"
+            )
+            log.warning("%s: %s", self.worker_id, reason)
+            return [
+                encode(Refusal(code="unsupported", reason=reason, ref=getattr(msg, "group_id", "")))
+            ]
+        try:
+            msg.rewards = score_group(msg, self.config.scorers, scorer_id=self.worker_id)
+        except ScoringError as exc:
+            self.counters.refused += 1
+            log.warning("%s: %s (lease %s)", self.worker_id, exc, msg.lease_id)
+            reason = f"{exc} (lease {msg.lease_id}, worker {msg.worker_id})"
+            return [encode(Refusal(code="reward_failed", reason=reason, ref=msg.group_id))]
+        msg.timings = {**msg.timings, "reward_s": time.perf_counter() - t0}
+        self.counters.scored += 1
+        # The large tensors were not read; the trainer checks their finiteness on intake.
+        return [encode(msg, check_finite=False)]
+
+    def _on_control(self, frames: list) -> int | None:
+        try:
+            msg = decode(frames, max_bytes=1 << 24)
+        except ProtocolError as exc:
+            log.warning("%s: malformed control message: %s", self.worker_id, exc)
+            return None
+        if isinstance(msg, Welcome):
+            if self._welcome is None:
+                log.info(
+                    "%s: welcomed to run %s, intake %s",
+                    self.worker_id,
+                    msg.run_id,
+                    msg.topology.intake,
+                )
+            self._welcome = msg
+        elif isinstance(msg, Refusal):
+            if msg.code == "shutdown":
+                log.info("%s: trainer shut down: %s", self.worker_id, msg.reason)
+                return EXIT_OK
+            if msg.code in ("unknown_worker", "not_registered"):
+                self._welcome = None
+            elif self._welcome is None:
+                log.error(
+                    "%s: trainer refused registration (%s): %s",
+                    self.worker_id,
+                    msg.code,
+                    msg.reason,
+                )
+                return EXIT_REFUSED
+            else:
+                log.warning("%s: refusal %s: %s", self.worker_id, msg.code, msg.reason)
+        return None
+
+    def _hello(self) -> Hello:
+        return Hello(role="reward", worker_id=self.worker_id, address=self.address)
+
+    def _heartbeat(self) -> Heartbeat:
+        c = self.counters
+        return Heartbeat(
+            worker_id=self.worker_id,
+            role="reward",
+            time=time.time(),
+            stats={
+                "scored": float(c.scored),
+                "refused": float(c.refused),
+                "malformed": float(c.malformed),
+            },
+        )

@@ -1,0 +1,78 @@
+"""``uv run rollout --trainer tcp://HOST:PORT [--device cpu] [--dtype float32] ...``.
+
+Argument parsing imports nothing heavy; torch and the model stack load after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from omnirl.protocol.auth import add_security_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="rollout", description="omnirl rollout worker: sample leased prompt groups"
+    )
+    parser.add_argument("--trainer", required=True, help="the trainer's control address")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="model dtype (the scheduler and log-probs stay float32)",
+    )
+    parser.add_argument("--worker-id", default="", help="default: rollout-<random>")
+    parser.add_argument("--capacity", type=int, default=1, help="prompt groups per lease request")
+    parser.add_argument(
+        "--trainer-timeout",
+        type=float,
+        default=30.0,
+        help="exit (code 2) after the trainer is unreachable this long (s)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    add_security_arguments(parser, default_name="rollout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.capacity < 1:
+        print("rollout: --capacity must be >= 1", file=sys.stderr)
+        return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from omnirl.protocol.auth import SecurityConfig
+    from omnirl.rollout.worker import RolloutWorker, RolloutWorkerConfig
+
+    worker = RolloutWorker(
+        RolloutWorkerConfig(
+            trainer=args.trainer,
+            device=args.device,
+            dtype=args.dtype,
+            worker_id=args.worker_id,
+            capacity=args.capacity,
+            security=SecurityConfig.from_args(args),
+            trainer_timeout_s=args.trainer_timeout,
+        )
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: worker.stop())
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,460 @@
+"""The rollout worker: leases in, sampled trajectory groups out, weight versions applied.
+
+The loop thread owns every socket (zmq sockets are not thread-safe) and polls them:
+
+- ``control`` (DEALER to the trainer's ROUTER): Hello -> Welcome, LeaseRequest -> Lease or
+  Refusal, and a Heartbeat every ``heartbeat_interval_s`` listing the leases in hand;
+- ``weights`` (DEALER to the trainer's weights ROUTER): WeightRequest -> WeightUpdate
+  chunks, then every new version as the trainer publishes it;
+- ``push`` (one PUSH connected to every reward worker; ZeroMQ round-robins among them);
+- a monitor of ``control`` that tells when the trainer goes away and comes back.
+
+The model lives in a :class:`~omnirl.rollout.sampler.SamplerThread`; heartbeats and weight
+chunks keep flowing while it samples. A weight version is applied as a job of its own
+between two lease jobs, never inside one, and only once all its chunks have arrived intact.
+Before its first lease a worker holds the version the trainer serves it (late joiners
+included), and before each lease it holds at least ``lease.policy_version``.
+
+Exit codes: 0 after the trainer's ``shutdown`` or a stop request; 1 when the trainer
+refuses us or the model cannot be built; 2 when the trainer has been unreachable for
+``trainer_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from omnirl.protocol.codec import decode, encode
+from zmq.utils.monitor import recv_monitor_message
+
+from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.errors import ProtocolError
+from omnirl.protocol.messages import (
+    Capabilities,
+    Heartbeat,
+    Hello,
+    Lease,
+    LeaseRequest,
+    Refusal,
+    WeightRequest,
+    WeightUpdate,
+    Welcome,
+)
+from omnirl.rollout.model import RolloutModel
+from omnirl.rollout.net import connect_socket, send
+from omnirl.rollout.sampler import JobResult, SamplerThread
+from omnirl.rollout.weights_inbox import WeightInbox
+
+log = logging.getLogger("omnirl.rollout")
+
+EXIT_OK, EXIT_FATAL, EXIT_TRAINER_LOST = 0, 1, 2
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutWorkerConfig:
+    trainer: str  # the trainer's control address
+    device: str = "cpu"
+    dtype: str = "float32"
+    worker_id: str = ""
+    capacity: int = 1  # prompt groups per lease request
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    trainer_timeout_s: float = 30.0
+    no_work_backoff_s: float = 0.2
+    retry_s: float = 5.0  # resend an unanswered Hello / LeaseRequest / WeightRequest
+    send_timeout_s: float = 30.0  # a group no reward worker takes in this long is dropped
+    max_bytes: int = 1 << 31
+
+
+@dataclass(slots=True)
+class RolloutCounters:
+    leases_done: int = 0
+    leases_failed: int = 0
+    leases_expired: int = 0  # deadline passed while waiting for weights
+    groups_sent: int = 0
+    groups_dropped: int = 0
+    versions_applied: int = 0
+
+
+class RolloutWorker:
+    """Run with :meth:`run`; :meth:`stop` (any thread, or a signal handler) ends it."""
+
+    def __init__(self, config: RolloutWorkerConfig, *, context: zmq.Context | None = None):
+        self.config = config
+        self.worker_id = config.worker_id or f"rollout-{uuid.uuid4().hex[:8]}"
+        self.counters = RolloutCounters()
+        self._context = context or zmq.Context.instance()
+        self._stop = False
+        self._welcome: Welcome | None = None
+        self._model: RolloutModel | None = None
+        self._model_state = "none"  # none | loading | ready
+        self._inbox = WeightInbox()
+        self._held_version = -1
+        self._held_digest = ""
+        self._leases: collections.deque[Lease] = collections.deque()
+        self._sampling: Lease | None = None
+        self._lease_requested_at: float | None = None
+        self._weights_requested_at = -1e9
+        self._backoff_until = 0.0
+        self._last_sample_s = 0.0
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # ------------------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        cfg = self.config
+        self._sampler = SamplerThread()
+        self._control = connect_socket(self._context, zmq.DEALER, cfg.trainer, cfg.security)
+        self._monitor = self._control.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        )
+        self._weights: zmq.Socket | None = None
+        self._weights_address = ""
+        self._push: zmq.Socket | None = None
+        self._reward_addresses: set[str] = set()
+        self._poller = zmq.Poller()
+        self._poller.register(self._control, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        log.info(
+            "%s: trainer %s, device %s, dtype %s",
+            self.worker_id,
+            cfg.trainer,
+            cfg.device,
+            cfg.dtype,
+        )
+        started = time.monotonic()
+        hello_sent_at = -1e9
+        lost_since: float | None = None
+        next_beat = 0.0
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                if self._welcome is None and now - hello_sent_at >= cfg.retry_s:
+                    send(self._control, self._hello())
+                    hello_sent_at = now
+                if self._welcome is not None and now >= next_beat:
+                    send(self._control, self._heartbeat())
+                    next_beat = now + self._welcome.heartbeat_interval_s
+                unreachable = (
+                    lost_since
+                    if lost_since is not None
+                    else (started if self._welcome is None else None)
+                )
+                if unreachable is not None and now - unreachable > cfg.trainer_timeout_s:
+                    log.error(
+                        "%s: trainer unreachable for %.0f s, exiting",
+                        self.worker_id,
+                        now - unreachable,
+                    )
+                    return EXIT_TRAINER_LOST
+                for sock, _ in self._poller.poll(timeout=50):
+                    if sock is self._monitor:
+                        event = recv_monitor_message(self._monitor)["event"]
+                        if event == zmq.EVENT_DISCONNECTED:
+                            lost_since = time.monotonic()
+                            log.warning("%s: lost the trainer's control socket", self.worker_id)
+                        elif event == zmq.EVENT_CONNECTED and lost_since is not None:
+                            lost_since = None
+                            log.info("%s: trainer back, registering again", self.worker_id)
+                            self._welcome, hello_sent_at = None, -1e9
+                            self._lease_requested_at = None
+                    elif sock is self._control:
+                        code = self._on_control(self._control.recv_multipart(copy=False))
+                        if code is not None:
+                            return code
+                    elif sock is self._weights:
+                        self._on_weights(self._weights.recv_multipart(copy=False))
+                for result in self._sampler.poll():
+                    code = self._on_result(result)
+                    if code is not None:
+                        return code
+                self._advance()
+            return EXIT_OK
+        finally:
+            self._sampler.close()
+            self._control.disable_monitor()
+            for sock in (self._monitor, self._control, self._weights, self._push):
+                if sock is not None:
+                    sock.close(linger=2000 if sock is self._push else 0)
+
+    def _advance(self) -> None:
+        """Start whatever can start now: the model, a weight version, a lease, a request."""
+        if self._welcome is None or self._sampler.busy:
+            return
+        now = time.monotonic()
+        update = self._inbox.newest_above(self._held_version)
+        if self._model_state == "none":
+            # The model is built with the adapter shape the first version needs.
+            if update is None:
+                self._request_weights(now)
+                return
+            welcome, cfg = self._welcome, self.config
+            self._model_state = "loading"
+            self._sampler.submit(
+                "load",
+                lambda: RolloutModel.build(welcome, update, device=cfg.device, dtype=cfg.dtype),
+            )
+            return
+        if update is not None:
+            self._sampler.submit("apply", lambda: self._model.apply(update), ref=update)
+            return
+        if self._leases:
+            lease = self._leases[0]
+            if self._held_version >= lease.policy_version:
+                self._leases.popleft()
+                self._sampling = lease
+                version = self._held_version
+                self._sampler.submit(
+                    "lease", lambda: self._model.sample(lease, self.worker_id, version), ref=lease
+                )
+                return
+            if time.time() > lease.deadline:
+                self._leases.popleft()
+                self.counters.leases_expired += 1
+                log.warning(
+                    "%s: lease %s expired waiting for version %d (hold %d)",
+                    self.worker_id,
+                    lease.lease_id,
+                    lease.policy_version,
+                    self._held_version,
+                )
+                return
+            self._request_weights(now)
+            return
+        if self._held_version < 0:  # a version is held before the first lease is asked for
+            self._request_weights(now)
+            return
+        if not self._reward_addresses:
+            return  # nowhere to send groups yet; a later Welcome or Lease names a reward worker
+        if (
+            self._lease_requested_at is not None
+            and now - self._lease_requested_at < self.config.retry_s
+        ):
+            return
+        if now < self._backoff_until:
+            return
+        send(self._control, LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity))
+        self._lease_requested_at = now
+
+    def _request_weights(self, now: float) -> None:
+        if self._weights is not None and now - self._weights_requested_at >= self.config.retry_s:
+            have = self._held_version
+            send(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
+            self._weights_requested_at = now
+
+    # -------------------------------------------------------------------------- messages
+
+    def _on_control(self, frames: list) -> int | None:
+        try:
+            msg = decode(frames, max_bytes=self.config.max_bytes)
+        except ProtocolError as exc:
+            log.warning("%s: malformed control message: %s", self.worker_id, exc)
+            return None
+        if isinstance(msg, Welcome):
+            return self._on_welcome(msg)
+        if isinstance(msg, Lease):
+            self._lease_requested_at = None
+            if msg.reward_address:
+                self._connect_rewards([msg.reward_address])
+            self._leases.append(msg)
+            log.info(
+                "%s: lease %s (%d prompt groups, version >= %d)",
+                self.worker_id,
+                msg.lease_id,
+                len(msg.prompts),
+                msg.policy_version,
+            )
+            return None
+        if isinstance(msg, Refusal):
+            if msg.code == "no_work":
+                self._lease_requested_at = None
+                self._backoff_until = time.monotonic() + self.config.no_work_backoff_s
+            elif msg.code == "shutdown":
+                log.info("%s: trainer shut down: %s", self.worker_id, msg.reason)
+                return EXIT_OK
+            elif msg.code in ("unknown_worker", "not_registered"):
+                log.info(
+                    "%s: trainer does not know us (%s), registering again",
+                    self.worker_id,
+                    msg.reason,
+                )
+                self._welcome, self._lease_requested_at = None, None
+            elif self._welcome is None:
+                log.error(
+                    "%s: trainer refused registration (%s): %s",
+                    self.worker_id,
+                    msg.code,
+                    msg.reason,
+                )
+                return EXIT_FATAL
+            else:
+                self._lease_requested_at = None
+                self._backoff_until = time.monotonic() + self.config.no_work_backoff_s
+                log.warning("%s: refusal %s: %s", self.worker_id, msg.code, msg.reason)
+        return None
+
+    def _on_welcome(self, msg: Welcome) -> int | None:
+        if msg.policy_version < self._held_version:  # a trainer resumed from an older state
+            self._held_version = -1
+        self._welcome = msg
+        log.info(
+            "%s: welcomed to run %s at version %d (model %s, %s)",
+            self.worker_id,
+            msg.run_id,
+            msg.policy_version,
+            msg.model_path,
+            msg.architecture,
+        )
+        if msg.topology.weights != self._weights_address:
+            if self._weights is not None:
+                self._poller.unregister(self._weights)
+                self._weights.close(linger=0)
+            self._weights = connect_socket(
+                self._context, zmq.DEALER, msg.topology.weights, self.config.security
+            )
+            self._weights_address = msg.topology.weights
+            self._poller.register(self._weights, zmq.POLLIN)
+            self._inbox.reset()
+        self._connect_rewards(msg.topology.reward)
+        self._weights_requested_at = -1e9
+        self._request_weights(time.monotonic())  # also introduces us to the weights socket
+        return None
+
+    def _connect_rewards(self, addresses: list[str]) -> None:
+        new = [a for a in addresses if a and a not in self._reward_addresses]
+        if not new:
+            return
+        if self._push is None:
+            self._push = self._context.socket(zmq.PUSH)
+            self._push.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
+            self._push.setsockopt(zmq.LINGER, 2000)
+        for address in new:
+            self.config.security.check_endpoint(address)
+            self._push.connect(address)
+            self._reward_addresses.add(address)
+            log.info("%s: sending groups to reward worker %s", self.worker_id, address)
+
+    def _on_weights(self, frames: list) -> None:
+        try:
+            msg = decode(frames, max_bytes=self.config.max_bytes)
+        except ProtocolError as exc:
+            log.warning("%s: malformed weights message: %s", self.worker_id, exc)
+            return
+        if isinstance(msg, WeightUpdate):
+            done = self._inbox.add(msg)
+            if done is not None:
+                log.info(
+                    "%s: received version %d whole (%s, %d tensors)",
+                    self.worker_id,
+                    done.version,
+                    done.format,
+                    len(done.tensors),
+                )
+        elif isinstance(msg, Refusal):
+            log.warning("%s: weights refusal %s: %s", self.worker_id, msg.code, msg.reason)
+
+    def _on_result(self, result: JobResult) -> int | None:
+        if result.kind == "load":
+            if not result.ok:
+                log.error("%s: cannot build the rollout model: %s", self.worker_id, result.error)
+                return EXIT_FATAL
+            self._model = result.value
+            self._model_state = "ready"
+            log.info("%s: model ready in %.1f s", self.worker_id, result.seconds)
+        elif result.kind == "apply":
+            update = result.ref
+            if result.ok:
+                self._held_version, self._held_digest = update.version, update.digest
+                self.counters.versions_applied += 1
+                log.info(
+                    "%s: applied weights version=%d format=%s digest=%s in %.3f s",
+                    self.worker_id,
+                    update.version,
+                    update.format,
+                    update.digest,
+                    result.seconds,
+                )
+            else:
+                log.error(
+                    "%s: version %d could not be applied: %s",
+                    self.worker_id,
+                    update.version,
+                    result.error,
+                )
+            self._inbox.discard_through(update.version)
+        elif result.kind == "lease":
+            lease: Lease = result.ref
+            self._sampling = None
+            if not result.ok:
+                self.counters.leases_failed += 1
+                self._backoff_until = time.monotonic() + 1.0
+                return None
+            self._last_sample_s = result.seconds
+            for group in result.value:
+                self._send_group(group, result.seconds / max(1, len(result.value)))
+            self.counters.leases_done += 1
+            log.info(
+                "%s: lease %s done at version %d in %.2f s",
+                self.worker_id,
+                lease.lease_id,
+                self._held_version,
+                result.seconds,
+            )
+        return None
+
+    def _send_group(self, group: Any, seconds: float) -> None:
+        group.timings = {**group.timings, "sample_s": seconds}
+        try:
+            frames = encode(group)
+        except ProtocolError as exc:
+            self.counters.groups_dropped += 1
+            log.error("%s: group %s not sent: %s", self.worker_id, group.group_id, exc)
+            return
+        try:
+            self._push.send_multipart(frames, copy=False)
+            self.counters.groups_sent += 1
+        except zmq.Again:
+            self.counters.groups_dropped += 1
+            log.error(
+                "%s: no reward worker took group %s in %.0f s; dropped (the lease will "
+                "be reissued)",
+                self.worker_id,
+                group.group_id,
+                self.config.send_timeout_s,
+            )
+
+    def _hello(self) -> Hello:
+        caps = Capabilities(backends=["diffusers"], device=self.config.device)
+        return Hello(role="rollout", worker_id=self.worker_id, capabilities=caps)
+
+    def _heartbeat(self) -> Heartbeat:
+        c = self.counters
+        leases = [lease.lease_id for lease in self._leases]
+        if self._sampling is not None:
+            leases.append(self._sampling.lease_id)
+        return Heartbeat(
+            worker_id=self.worker_id,
+            role="rollout",
+            policy_version=self._held_version,
+            leases=leases,
+            time=time.time(),
+            stats={
+                "weights_version": float(self._held_version),
+                "weights_digest": float(int(self._held_digest[:12], 16))
+                if self._held_digest
+                else -1.0,
+                "leases_done": float(c.leases_done),
+                "leases_failed": float(c.leases_failed),
+                "groups_sent": float(c.groups_sent),
+                "groups_dropped": float(c.groups_dropped),
+                "versions_applied": float(c.versions_applied),
+                "last_sample_s": self._last_sample_s,
+            },
+        )

@@ -1,0 +1,117 @@
+"""The launcher with stand-in processes: prefixes, log files, exit code, clean stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from omnirl.tools.launch import Launcher, read_address
+
+TRAINER = textwrap.dedent(
+    """
+    import pathlib, signal, sys, time
+    out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+    signal.signal(signal.SIGINT, lambda *_: (print("trainer stopping", flush=True), sys.exit(0)))
+    print("trainer up", flush=True)
+    (out / "trainer.addr").write_text("tcp://127.0.0.1:5999\\n")
+    if mode == "exit3":
+        time.sleep(1.0)
+        print("trainer failing", flush=True)
+        sys.exit(3)
+    time.sleep(60)
+    """
+)
+WORKER = textwrap.dedent(
+    """
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *_: (print("worker got SIGTERM", flush=True), sys.exit(0)))
+    print("worker args", " ".join(sys.argv[1:]), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+class Sink:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write(self, text):
+        self.lines.extend(text.splitlines())
+
+    def flush(self):
+        pass
+
+
+def _launcher(tmp_path: Path, mode: str, sink: Sink) -> Launcher:
+    py = sys.executable
+    return Launcher(
+        output_dir=tmp_path,
+        trainer_argv=[py, "-c", TRAINER, str(tmp_path), mode],
+        reward_argv=[py, "-c", WORKER],
+        rollout_argv=[py, "-c", WORKER],
+        num_reward=1,
+        num_rollout=2,
+        address_timeout_s=20,
+        grace_s=5,
+        out=sink,
+    )
+
+
+def test_trainer_failure_stops_workers_and_gives_its_exit_code(tmp_path):
+    sink = Sink()
+    launcher = _launcher(tmp_path, "exit3", sink)
+    assert launcher.run() == 3
+    assert launcher.address == "tcp://127.0.0.1:5999"
+    assert all(c.popen.returncode is not None for c in launcher.children)
+    text = "\n".join(sink.lines)
+    assert "[trainer] trainer up" in text and "[trainer] trainer failing" in text
+    assert "[rollout-1] worker args --trainer tcp://127.0.0.1:5999 --worker-id rollout-1" in text
+    assert "[reward-0] worker got SIGTERM" in text
+    names = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert names == ["reward-0.log", "rollout-0.log", "rollout-1.log", "trainer.log"]
+    assert "trainer failing" in (tmp_path / "logs" / "trainer.log").read_text()
+
+
+def test_sigint_stops_trainer_first_then_workers(tmp_path):
+    driver = textwrap.dedent(
+        f"""
+        import sys
+        sys.path[:0] = {sys.path!r}
+        from pathlib import Path
+        from omnirl.tools.launch import Launcher
+        py = sys.executable
+        launcher = Launcher(
+            output_dir=Path({str(tmp_path)!r}),
+            trainer_argv=[py, "-c", {TRAINER!r}, {str(tmp_path)!r}, "wait"],
+            reward_argv=[py, "-c", {WORKER!r}], rollout_argv=[py, "-c", {WORKER!r}],
+            num_reward=1, num_rollout=1, address_timeout_s=20, grace_s=5,
+        )
+        sys.exit(launcher.run())
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        log = tmp_path / "logs" / "rollout-0.log"
+        if log.exists() and "worker args" in log.read_text():
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "[trainer] trainer stopping" in out
+    assert "[rollout-0] worker got SIGTERM" in out
+    assert out.index("trainer stopping") < out.index("worker got SIGTERM")
+
+
+def test_address_file_formats_parse(tmp_path):
+    path = tmp_path / "trainer.addr"
+    path.write_text('{"control": "tcp://127.0.0.1:7"}')
+    assert read_address(path) == "tcp://127.0.0.1:7"
+    path.write_text("tcp://127.0.0.1:8\n")
+    assert read_address(path) == "tcp://127.0.0.1:8"

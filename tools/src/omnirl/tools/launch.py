@@ -1,0 +1,277 @@
+"""``omnirl launch CONFIG [--rollout N] [--reward M] [key=value ...]``: a run on this machine.
+
+Starts the trainer, waits for the control address it writes to ``<output_dir>/trainer.addr``,
+then M reward and N rollout workers pointed at it. Every child's output is prefixed
+(``[trainer]``, ``[rollout-0]``, ...), interleaved on stdout, and kept whole in
+``<output_dir>/logs/<name>.log``.
+
+Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
+(SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
+second Ctrl-C kills everything at once. When the trainer exits on its own, the workers are
+stopped too. The exit code is the trainer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+ADDRESS_FILE = "trainer.addr"
+
+
+class LaunchError(RuntimeError):
+    """The run could not be started (bad config, trainer died before it was reachable)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="the trainer's YAML config")
+    parser.add_argument("overrides", nargs="*", help="trainer config overrides, key=value")
+    parser.add_argument("--rollout", type=int, default=1, help="rollout workers (default 1)")
+    parser.add_argument("--reward", type=int, default=1, help="reward workers (default 1)")
+    parser.add_argument("--resume", action="store_true", help="resume the trainer")
+    parser.add_argument("--rollout-args", default="", help="extra rollout arguments (one string)")
+    parser.add_argument("--reward-args", default="", help="extra reward arguments (one string)")
+    parser.add_argument("--trainer-args", default="", help="extra trainer arguments (one string)")
+    parser.add_argument(
+        "--address-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the trainer's address file",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=20.0,
+        help="seconds a stopped process gets before it is killed",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from omnirl.trainer.config import ConfigError, load_config
+
+    if args.rollout < 0 or args.reward < 0:
+        print("omnirl launch: --rollout and --reward must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, list(args.overrides))
+    except ConfigError as exc:
+        print(f"omnirl launch: {exc}", file=sys.stderr)
+        return 2
+    output_dir = Path(cfg.run.output_dir)
+    trainer = [*_command("trainer", "omnirl.trainer.cli"), "--config", str(args.config)]
+    trainer += [*shlex.split(args.trainer_args), *(["--resume"] if args.resume else [])]
+    trainer += list(args.overrides)
+    launcher = Launcher(
+        output_dir=output_dir,
+        trainer_argv=trainer,
+        reward_argv=[*_command("reward", "omnirl.reward.cli"), *shlex.split(args.reward_args)],
+        rollout_argv=[*_command("rollout", "omnirl.rollout.cli"), *shlex.split(args.rollout_args)],
+        num_reward=args.reward,
+        num_rollout=args.rollout,
+        address_timeout_s=args.address_timeout,
+        grace_s=args.grace,
+    )
+    return launcher.run()
+
+
+def _command(script: str, module: str) -> list[str]:
+    """The console script beside this interpreter, else ``python -c`` of its ``main``."""
+    found = shutil.which(script, path=str(Path(sys.executable).parent))
+    if found:
+        return [found]
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+
+
+def read_address(path: Path) -> str:
+    """The control address in a trainer address file: a bare line, or JSON with ``control``."""
+    text = path.read_text().strip()
+    if text.startswith("{"):
+        return str(json.loads(text)["control"])
+    return text.splitlines()[0].strip() if text else ""
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen
+    log: TextIO
+    reader: threading.Thread | None = None
+
+
+@dataclass(kw_only=True)
+class Launcher:
+    output_dir: Path
+    trainer_argv: list[str]
+    reward_argv: list[str]
+    rollout_argv: list[str]
+    num_reward: int = 1
+    num_rollout: int = 1
+    address_timeout_s: float = 300.0
+    grace_s: float = 20.0
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    children: list[Child] = field(default_factory=list)
+    address: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _signals: int = 0
+
+    # --------------------------------------------------------------------------- children
+
+    def start(self, name: str, argv: list[str]) -> Child:
+        logs = self.output_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = open(logs / f"{name}.log", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        popen = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            env=env,
+            start_new_session=True,
+            errors="replace",
+        )
+        child = Child(name, argv, popen, log)
+        child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
+        child.reader.start()
+        self.say(f"started {name} (pid {popen.pid}): {shlex.join(argv)}")
+        self.children.append(child)
+        return child
+
+    def _pump(self, child: Child) -> None:
+        prefix = f"[{child.name}] "
+        for line in child.popen.stdout:
+            child.log.write(line)
+            with self._lock:
+                self.out.write(prefix + line)
+                self.out.flush()
+        child.log.flush()
+
+    def say(self, text: str) -> None:
+        with self._lock:
+            self.out.write(f"[launch] {text}\n")
+            self.out.flush()
+
+    @staticmethod
+    def signal_child(child: Child, sig: int) -> None:
+        if child.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.popen.pid, sig)
+
+    def _wait(self, children: list[Child], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(c.popen.poll() is not None for c in children):
+                return True
+            time.sleep(0.05)
+        return all(c.popen.poll() is not None for c in children)
+
+    def stop(self, children: list[Child], sig: int = signal.SIGTERM) -> None:
+        """``sig`` to each child's group; SIGKILL to what is left after ``grace_s``."""
+        for child in children:
+            self.signal_child(child, sig)
+        if not self._wait(children, self.grace_s):
+            for child in children:
+                if child.popen.poll() is None:
+                    self.say(f"{child.name} did not stop in {self.grace_s:.0f} s: killing it")
+                    self.signal_child(child, signal.SIGKILL)
+            self._wait(children, 5.0)
+
+    # -------------------------------------------------------------------------------- run
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            for child in self.children:
+                self.signal_child(child, signal.SIGKILL)
+
+    def wait_for_address(self, trainer: Child, since: float) -> str:
+        path = self.output_dir / ADDRESS_FILE
+        deadline = time.monotonic() + self.address_timeout_s
+        while time.monotonic() < deadline:
+            if trainer.popen.poll() is not None:
+                raise LaunchError(
+                    f"the trainer exited with code {trainer.popen.returncode} "
+                    "before writing its address"
+                )
+            if self._signals:
+                raise LaunchError("interrupted while waiting for the trainer's address")
+            try:
+                if path.stat().st_mtime >= since and (address := read_address(path)):
+                    return address
+            except (FileNotFoundError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        raise LaunchError(f"no address in {path} after {self.address_timeout_s:.0f} s")
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            for child in self.children:
+                if child.reader is not None:
+                    child.reader.join(timeout=2.0)
+                child.log.close()
+
+    def _run(self) -> int:
+        since = time.time() - 1.0  # mtime resolution; an older file is a previous run's
+        trainer = self.start("trainer", self.trainer_argv)
+        try:
+            self.address = self.wait_for_address(trainer, since)
+        except LaunchError as exc:
+            self.say(str(exc))
+            self.stop([trainer], signal.SIGINT)
+            code = trainer.popen.returncode
+            return code if code not in (None, 0) else 1
+        self.say(f"trainer at {self.address}")
+        workers = [
+            self.start(
+                f"reward-{i}",
+                [*self.reward_argv, "--trainer", self.address, "--worker-id", f"reward-{i}"],
+            )
+            for i in range(self.num_reward)
+        ]
+        workers += [
+            self.start(
+                f"rollout-{i}",
+                [*self.rollout_argv, "--trainer", self.address, "--worker-id", f"rollout-{i}"],
+            )
+            for i in range(self.num_rollout)
+        ]
+        reported: set[str] = set()
+        while trainer.popen.poll() is None and not self._signals:
+            for child in workers:
+                if child.popen.poll() is not None and child.name not in reported:
+                    reported.add(child.name)
+                    self.say(f"{child.name} exited with code {child.popen.returncode}")
+            time.sleep(0.2)
+        if self._signals:
+            self.say("interrupted: stopping the trainer, then the workers")
+            self.stop([trainer], signal.SIGINT)
+        code = trainer.popen.returncode
+        self.say(f"trainer exited with code {code}; stopping the workers")
+        if not self._wait(workers, 5.0):  # they leave by themselves on the trainer's shutdown
+            self.stop(workers, signal.SIGTERM)
+        for child in workers:
+            if child.name not in reported:
+                self.say(f"{child.name} exited with code {child.popen.returncode}")
+        if code is None:
+            return 1
+        return code if code >= 0 else 128 - code
