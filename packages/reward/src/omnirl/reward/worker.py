@@ -19,10 +19,10 @@ import uuid
 from dataclasses import dataclass, field
 
 import zmq
-from omnirl.protocol.codec import decode, encode
 from zmq.utils.monitor import recv_monitor_message
 
 from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.codec import decode, encode
 from omnirl.protocol.errors import ProtocolError
 from omnirl.protocol.messages import (
     DiffusionTrajectoryGroup,
@@ -31,7 +31,7 @@ from omnirl.protocol.messages import (
     Refusal,
     Welcome,
 )
-from omnirl.reward.net import bind_socket, connect_socket, send
+from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint, send_message
 from omnirl.reward.scoring import ScoringError, WeightedScorer, score_group
 
 log = logging.getLogger("omnirl.reward")
@@ -66,7 +66,7 @@ class RewardWorker:
         self.worker_id = config.worker_id or f"reward-{uuid.uuid4().hex[:8]}"
         self.counters = RewardCounters()
         self.address = ""  # the PULL's bound address, known once run() has started
-        self._context = context or zmq.Context.instance()
+        self._context = context
         self._stop = False
         self._welcome: Welcome | None = None
 
@@ -76,10 +76,13 @@ class RewardWorker:
     # ------------------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        ctx, cfg = self._context, self.config
-        pull = bind_socket(ctx, zmq.PULL, cfg.bind, cfg.security)
-        self.address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        control = connect_socket(ctx, zmq.DEALER, cfg.trainer, cfg.security)
+        cfg = self.config
+        sockets = SocketFactory(
+            cfg.security, SocketOptions(max_bytes=cfg.max_bytes), context=self._context
+        )
+        pull = sockets.bind("reward", cfg.bind)
+        self.address = bound_endpoint(pull)
+        control = sockets.connect("control", cfg.trainer)
         monitor = control.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         push: zmq.Socket | None = None
         push_address = ""
@@ -95,10 +98,10 @@ class RewardWorker:
             while not self._stop:
                 now = time.monotonic()
                 if self._welcome is None and now - hello_sent_at >= cfg.hello_retry_s:
-                    send(control, self._hello())
+                    send_message(control, self._hello())
                     hello_sent_at = now
                 if self._welcome is not None and now >= next_beat:
-                    send(control, self._heartbeat())
+                    send_message(control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
                 unreachable_since = (
                     lost_since
@@ -132,7 +135,7 @@ class RewardWorker:
                         if intake and intake != push_address:
                             if push is not None:
                                 push.close(linger=1000)
-                            push = connect_socket(ctx, zmq.PUSH, intake, cfg.security)
+                            push = sockets.connect("intake", intake)
                             push_address = intake
                     elif sock is pull:
                         frames = pull.recv_multipart(copy=False)
@@ -145,9 +148,8 @@ class RewardWorker:
             return EXIT_OK
         finally:
             control.disable_monitor()
-            for sock in (monitor, pull, control, push):
-                if sock is not None:
-                    sock.close(linger=1000 if sock is push else 0)
+            monitor.close(linger=0)
+            sockets.close()
 
     # -------------------------------------------------------------------------- messages
 

@@ -1,0 +1,150 @@
+"""The reward worker: scores only the images, forwards the other frames as received."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+import zmq
+from fakes import FakeTrainer, make_group
+
+from omnirl.protocol.codec import decode, encode
+from omnirl.protocol.messages import DiffusionTrajectoryGroup, Heartbeat, Hello, Refusal
+from omnirl.reward.scorers import jpeg_compressibility, register_scorer
+from omnirl.reward.scoring import parse_scorer_spec
+from omnirl.reward.worker import RewardWorker, RewardWorkerConfig
+
+
+@register_scorer("test_nan")
+def _nan_scorer(images, prompts=None):
+    return [math.nan] * len(images)
+
+
+@register_scorer("test_raises")
+def _raising_scorer(images, prompts=None):
+    raise RuntimeError("scorer exploded")
+
+
+def _address(buffer) -> int:
+    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+
+
+def _worker(spec: str = "jpeg_compressibility") -> RewardWorker:
+    return RewardWorker(
+        RewardWorkerConfig(trainer="tcp://127.0.0.1:1", scorers=parse_scorer_spec(spec))
+    )
+
+
+def _roundtrip(group) -> list[zmq.Frame]:
+    """Send ``group`` through a real PUSH/PULL pair; the received zmq frames."""
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://groups")
+    push.connect("inproc://groups")
+    push.send_multipart(encode(group), copy=False)
+    frames = pull.recv_multipart(copy=False)
+    push.close(0), pull.close(0)
+    return frames  # the frames keep their memory alive without the context
+
+
+def test_unread_tensor_frames_are_forwarded_as_the_received_buffers():
+    group = make_group()
+    received = _roundtrip(group)
+    [out] = _worker().process(received)
+    assert len(out) == len(received)
+    in_addresses = {_address(f.buffer) for f in received[1:]}
+    out_addresses = {_address(b) for b in out[1:]}
+    assert out_addresses == in_addresses  # the very same memory: nothing copied or re-encoded
+    scored = decode(out)
+    assert isinstance(scored, DiffusionTrajectoryGroup)
+    torch.testing.assert_close(scored.next_latents, group.next_latents, rtol=0, atol=0)
+    torch.testing.assert_close(scored.log_probs, group.log_probs, rtol=0, atol=0)
+    expected = jpeg_compressibility(group.images)
+    assert scored.rewards.total == pytest.approx(expected)
+    assert scored.rewards.components == {"jpeg_compressibility": pytest.approx(expected)}
+    assert scored.rewards.weights == {"jpeg_compressibility": 1.0}
+    assert scored.rewards.group_id == group.group_id
+    assert "reward_s" in scored.timings
+
+
+def test_weighted_components_are_named_and_summed():
+    group = make_group()
+    [out] = _worker("jpeg_compressibility:2,jpeg_incompressibility:0.5").process(encode(group))
+    rewards = decode(out).rewards
+    comp, incomp = (rewards.components[n] for n in ("jpeg_compressibility", "jpeg_incompressibility"))
+    assert rewards.total == pytest.approx([2 * a + 0.5 * b for a, b in zip(comp, incomp, strict=True)])
+
+
+@pytest.mark.parametrize(("spec", "needle"), [("test_nan", "non-finite"), ("test_raises", "exploded")])
+def test_a_failing_scorer_becomes_a_refusal_naming_the_group(spec, needle):
+    worker = _worker(spec)
+    [out] = worker.process(encode(make_group("e1:7")))
+    refusal = decode(out)
+    assert isinstance(refusal, Refusal)
+    assert refusal.code == "reward_failed" and refusal.ref == "e1:7"
+    assert needle in refusal.reason
+    assert worker.counters.refused == 1 and worker.counters.scored == 0
+
+
+def test_garbage_and_imageless_groups_never_crash_the_worker():
+    worker = _worker()
+    assert worker.process([b"\xc1garbage"]) == []
+    assert worker.counters.malformed == 1
+    group = make_group()
+    group.images = None
+    [out] = worker.process(encode(group))
+    assert isinstance(decode(out), Refusal)
+
+
+@pytest.mark.timeout(60)
+def test_reward_worker_process_loop_over_real_sockets():
+    trainer = FakeTrainer()
+    worker = RewardWorker(
+        RewardWorkerConfig(
+            trainer=trainer.address(trainer.control),
+            scorers=parse_scorer_spec("jpeg_incompressibility"),
+            worker_id="reward-t",
+        )
+    )
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        identity, hello = trainer.recv(trainer.control, kind=Hello)
+        assert hello.role == "reward" and hello.address.startswith("tcp://127.0.0.1:")
+        trainer.welcome(identity, hello.worker_id)
+        _, beat = trainer.recv(trainer.control, kind=Heartbeat)
+        assert beat.worker_id == "reward-t"
+        push = trainer.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(hello.address)
+        groups = [make_group(f"e0:{i}", seed=i) for i in range(3)]
+        for g in groups:
+            push.send_multipart(encode(g), copy=False)
+        push.send_multipart([b"not msgpack"])
+        got = {}
+        for _ in groups:
+            _, scored = trainer.recv(trainer.intake, kind=DiffusionTrajectoryGroup)
+            got[scored.group_id] = scored
+        for g in groups:
+            assert got[g.group_id].rewards.total == pytest.approx(
+                [float(s) for s in _expected_sizes(g)]
+            )
+        trainer.send(trainer.control, identity, Refusal(code="shutdown", reason="done"))
+        thread.join(10)
+        assert codes == [0]
+        assert worker.counters.scored == 3 and worker.counters.malformed == 1
+        push.close(0)
+    finally:
+        worker.stop()
+        thread.join(5)
+        trainer.close()
+
+
+def _expected_sizes(group):
+    from omnirl.reward.scorers import jpeg_incompressibility
+
+    return jpeg_incompressibility(group.images)
