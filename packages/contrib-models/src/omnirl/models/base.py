@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
     from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
 
 WeightFormat = Literal["lora", "full"]
+
+
+def sample_seeds(seed: int, group_id: str, group_size: int) -> Tensor:
+    """The per-sample seeds int64 ``[G]`` of a group, a pure function of its inputs.
+
+    ``seeds[i]`` = the first 8 bytes (little endian) of ``blake2b("{seed}/{group_id}/{i}")``,
+    masked to 63 bits. A sample's noise (initial and per step) is drawn from its own seed
+    only, so it does not depend on the lease, the worker, or which samples share its batch;
+    a reissued lease reproduces the same trajectories.
+    """
+    values = []
+    for i in range(group_size):
+        digest = hashlib.blake2b(f"{seed}/{group_id}/{i}".encode(), digest_size=8).digest()
+        values.append(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    return torch.tensor(values, dtype=torch.int64)
 
 
 class WeightLoadError(ValueError):

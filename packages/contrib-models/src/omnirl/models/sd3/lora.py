@@ -1,0 +1,51 @@
+"""The SD3 transformer's LoRA adapter, built identically by the trainer and the rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# flow_grpo's SD3 targets: every attention projection of the joint blocks.
+DEFAULT_TARGET_MODULES: tuple[str, ...] = (
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_k",
+    "attn.to_out.0",
+    "attn.to_q",
+    "attn.to_v",
+)
+
+
+def lora_kwargs(lora: dict[str, Any]) -> dict[str, Any]:
+    """``LoraConfig`` kwargs with SD3 defaults filled in, JSON-safe (lists, not tuples)."""
+    kwargs = {
+        "r": 8,
+        "lora_alpha": 16,
+        "init_lora_weights": "gaussian",
+        "target_modules": list(DEFAULT_TARGET_MODULES),
+    }
+    kwargs.update(lora)
+    if isinstance(kwargs["target_modules"], tuple | set):
+        kwargs["target_modules"] = sorted(kwargs["target_modules"])
+    return kwargs
+
+
+def add_lora(transformer: torch.nn.Module, lora: dict[str, Any]) -> dict[str, Any]:
+    """Freeze ``transformer`` and add a LoRA adapter (name ``default``); return its kwargs.
+
+    Only the adapter's parameters require grad afterwards. Raises ``ValueError`` for
+    ``LoraConfig`` kwargs PEFT does not accept.
+    """
+    from peft import LoraConfig
+
+    kwargs = lora_kwargs(lora)
+    try:
+        config = LoraConfig(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"bad LoRA config {kwargs}: {e}") from e
+    transformer.requires_grad_(False)
+    transformer.add_adapter(config)
+    return kwargs

@@ -1,0 +1,279 @@
+"""SD3 rollout adapter: samples trajectory groups with log-prob recording on diffusers.
+
+Per lease: the prompts are encoded once with the pipeline's own ``encode_prompt`` (CLIP x2 +
+T5, negatives when ``guidance_scale > 1``), all ``N x G`` samples denoise together in one
+batch (``2 N G`` rows through the transformer with CFG), and each group records its SDE
+window. Seeds: :func:`omnirl.models.base.sample_seeds` ``(sampling.seed, group_id, i)``;
+initial noise from each sample's seed (``same_initial_noise``: from the group's sample 0),
+step noise from ``per_sample_noise(seed, step_index)``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from omnirl.models.base import DiffusionRolloutAdapter, WeightFormat, WeightLoadError, sample_seeds
+from omnirl.models.registry import register_rollout_adapter
+from omnirl.models.schedulers import (
+    FlowMatchSDEScheduler,
+    initial_noise,
+    noise_levels,
+    per_sample_noise,
+    window_mask,
+)
+from omnirl.models.sd3.lora import add_lora
+from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
+from omnirl.models.weights import apply_named_tensors, full_targets, lora_targets
+from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
+
+ARCHITECTURE = "StableDiffusion3Pipeline"
+
+
+class SamplingError(ValueError):
+    """Sampling parameters the model cannot honour (size, sde type, empty group)."""
+
+
+@register_rollout_adapter(ARCHITECTURE)
+class SD3RolloutAdapter(DiffusionRolloutAdapter):
+    """``StableDiffusion3Pipeline`` behind the rollout contract.
+
+    ``pipeline`` is the loaded diffusers pipeline (its own scheduler untouched);
+    ``scheduler`` the :class:`FlowMatchSDEScheduler` built from its config.
+    """
+
+    architecture = ARCHITECTURE
+    supports_lora = True
+    supports_full = True
+    supports_cfg = True
+
+    def __init__(
+        self,
+        pipeline,
+        *,
+        device: torch.device | str,
+        lora: dict[str, Any] | None = None,
+        max_sequence_length: int = 256,
+    ):
+        self.pipeline = pipeline
+        self.transformer = pipeline.transformer
+        self.device = torch.device(device)
+        self.scheduler = FlowMatchSDEScheduler.from_config(pipeline.scheduler.config)
+        self.max_sequence_length = max_sequence_length
+        self.lora_config: dict[str, Any] | None = None
+        if lora is not None:
+            self.lora_config = add_lora(self.transformer, lora)
+            self.transformer.to(self.device)
+        self.transformer.eval()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        lora: dict[str, Any] | None = None,
+        max_sequence_length: int = 256,
+    ) -> SD3RolloutAdapter:
+        from diffusers import StableDiffusion3Pipeline
+
+        pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=dtype)
+        pipe.to(device)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, device=device, lora=lora, max_sequence_length=max_sequence_length)
+
+    # ------------------------------------------------------------------------------ weights
+
+    def load_weights(
+        self,
+        format: WeightFormat,
+        tensors: dict[str, Tensor],
+        *,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> None:
+        """Apply a ``"lora"`` (PEFT keys) or ``"full"`` (state-dict keys) update atomically.
+
+        A LoRA update to a model without an adapter creates one from ``adapter_config``
+        (``WeightUpdate.adapter_config``) first. Raises :class:`WeightLoadError`.
+        """
+        if format == "lora":
+            if self.lora_config is None:
+                if not adapter_config:
+                    raise WeightLoadError(
+                        "LoRA update for a model without a LoRA adapter and no adapter_config"
+                    )
+                self.lora_config = add_lora(self.transformer, adapter_config)
+                self.transformer.to(self.device)
+            targets = lora_targets(self.transformer)
+        elif format == "full":
+            targets = full_targets(self.transformer)
+        else:
+            raise WeightLoadError(f"unknown weight format {format!r}; known: 'lora', 'full'")
+        apply_named_tensors(targets, tensors, strict=True)
+
+    # ----------------------------------------------------------------------------- sampling
+
+    def _check(self, prompts: list[PromptSpec], sampling: SamplingParams) -> tuple[int, int]:
+        if sampling.group_size < 1:
+            raise SamplingError(f"group_size must be >= 1, got {sampling.group_size}")
+        if sampling.sde_type not in self.sde_types:
+            raise SamplingError(f"unknown sde_type {sampling.sde_type!r}; known: {self.sde_types}")
+        multiple = self.pipeline.vae_scale_factor * self.transformer.config.patch_size
+        if sampling.height % multiple or sampling.width % multiple or sampling.height <= 0:
+            raise SamplingError(
+                f"height and width must be positive multiples of {multiple}, "
+                f"got {sampling.height}x{sampling.width}"
+            )
+        ids = [p.group_id for p in prompts]
+        if len(set(ids)) != len(ids):
+            raise SamplingError(f"duplicate group_id in one lease: {ids}")
+        f = self.pipeline.vae_scale_factor
+        return sampling.height // f, sampling.width // f
+
+    def _encode(self, texts: list[str], sampling: SamplingParams, do_cfg: bool) -> SD3Conditioning:
+        pe, npe, pooled, npooled = self.pipeline.encode_prompt(
+            prompt=texts,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=do_cfg,
+            negative_prompt=[sampling.negative_prompt] * len(texts) if do_cfg else None,
+            max_sequence_length=self.max_sequence_length,
+        )
+        if not do_cfg:
+            npe = npooled = None
+        return SD3Conditioning(pe, pooled, npe, npooled)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompts: list[PromptSpec],
+        sampling: SamplingParams,
+        *,
+        lease_id: str,
+        worker_id: str,
+        policy_version: int,
+    ) -> list[DiffusionTrajectoryGroup]:
+        if not prompts:
+            return []
+        t_start = time.perf_counter()
+        latent_h, latent_w = self._check(prompts, sampling)
+        n, g, dev = len(prompts), sampling.group_size, self.device
+        do_cfg = sampling.guidance_scale > 1.0
+        num_steps = sampling.num_steps
+        window = tuple(sampling.sde_window) if sampling.sde_window is not None else None
+        trained = window_mask(num_steps, window)  # [T] bool
+        levels = noise_levels(num_steps, sampling.noise_level, window)  # [T] float32
+        recorded = [int(i) for i in torch.nonzero(trained).flatten()]
+        if sampling.sde_type == "ode":
+            recorded = []
+
+        # conditioning once per prompt; rows of the batch index into it
+        group_cond = self._encode([p.text for p in prompts], sampling, do_cfg)
+        row_group = torch.arange(n, device=dev).repeat_interleave(g)  # [N*G]
+        cond = group_cond.index_select(row_group)
+        t_encoded = time.perf_counter()
+
+        seeds = torch.cat([sample_seeds(sampling.seed, p.group_id, g) for p in prompts])  # [N*G]
+        shape = (self.transformer.config.in_channels, latent_h, latent_w)
+        x_seeds = (
+            seeds.view(n, g)[:, :1].expand(n, g).reshape(-1)
+            if sampling.same_initial_noise
+            else seeds
+        )
+        x = initial_noise(x_seeds, shape, device=dev)  # float32 [N*G, C, h, w]
+
+        timesteps, sigmas = set_schedule(
+            self.scheduler, num_steps, (latent_h, latent_w), self.transformer.config.patch_size, dev
+        )
+        sigma_max = float(sigmas[1])
+        rows = n * g
+        rec_x, rec_next, rec_logp = [], [], []
+        for i in range(num_steps):
+            stochastic = bool(trained[i]) and sampling.sde_type != "ode"
+            noise = per_sample_noise(seeds, i, shape, device=dev) if stochastic else None
+            out = sd3_step(
+                self.transformer,
+                self.scheduler,
+                x,
+                timesteps[i].expand(rows),
+                sigmas[i].expand(rows),
+                sigmas[i + 1].expand(rows),
+                cond,
+                sampling.guidance_scale,
+                sde_type=sampling.sde_type if stochastic else "ode",
+                noise_level=float(levels[i]),
+                sigma_max=sigma_max,
+                noise=noise,
+            )
+            if stochastic and sampling.record_latents:
+                rec_x.append(x)
+                rec_next.append(out.prev_sample)
+                rec_logp.append(out.log_prob)
+            x = out.prev_sample
+        t_denoised = time.perf_counter()
+
+        images = self._decode(x) if sampling.record_images else None  # uint8 [N*G, H, W, 3]
+        t_decoded = time.perf_counter()
+        timings = {
+            "encode_s": t_encoded - t_start,
+            "denoise_s": t_denoised - t_encoded,
+            "decode_s": t_decoded - t_denoised,
+            "total_s": t_decoded - t_start,
+        }
+
+        record = bool(rec_x)
+        if record:
+            lat = torch.stack(rec_x, 1).cpu()  # [N*G, K, C, h, w]
+            nxt = torch.stack(rec_next, 1).cpu()
+            logp = torch.stack(rec_logp, 1).cpu()  # [N*G, K]
+            idx = torch.tensor(recorded, dtype=torch.int64)
+        groups = []
+        for j, prompt in enumerate(prompts):
+            sl = slice(j * g, (j + 1) * g)
+            groups.append(
+                DiffusionTrajectoryGroup(
+                    group_id=prompt.group_id,
+                    lease_id=lease_id,
+                    worker_id=worker_id,
+                    prompt=prompt,
+                    sampling=sampling,
+                    policy_version=policy_version,
+                    architecture=self.architecture,
+                    seeds=seeds[sl].clone(),
+                    step_indices=idx.clone() if record else None,
+                    timesteps=timesteps[idx].cpu() if record else None,
+                    sigmas=sigmas[idx].cpu() if record else None,
+                    next_sigmas=sigmas[idx + 1].cpu() if record else None,
+                    noise_levels=levels[idx].clone() if record else None,
+                    latents=lat[sl].clone() if record else None,
+                    next_latents=nxt[sl].clone() if record else None,
+                    log_probs=logp[sl].clone() if record else None,
+                    final_latents=x[sl].cpu().clone(),
+                    prompt_embeds=group_cond.prompt_embeds[j].cpu().clone(),
+                    pooled_prompt_embeds=group_cond.pooled_prompt_embeds[j].cpu().clone(),
+                    negative_prompt_embeds=_row(group_cond.negative_prompt_embeds, j),
+                    negative_pooled_prompt_embeds=_row(group_cond.negative_pooled_prompt_embeds, j),
+                    images=images[sl].clone() if images is not None else None,
+                    timings=dict(timings),
+                )
+            )
+        return groups
+
+    def _decode(self, latents: Tensor) -> Tensor:
+        """VAE-decode float32 latents ``[B, C, h, w]`` to uint8 images ``[B, H, W, 3]``."""
+        vae = self.pipeline.vae
+        z = latents / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
+        image = vae.decode(z.to(vae.dtype), return_dict=False)[0].to(torch.float32)
+        image = ((image / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        return image.permute(0, 2, 3, 1).contiguous().cpu()
+
+
+def _row(t: Tensor | None, j: int) -> Tensor | None:
+    return None if t is None else t[j].cpu().clone()

@@ -1,0 +1,199 @@
+"""SD3 training adapter: the transformer (LoRA or full), recomputing recorded transitions.
+
+Only the transformer and the scheduler config are loaded: prompt embeddings arrive with the
+trajectories, so the trainer holds no text encoder and no VAE. Log-probs are recomputed
+with :func:`omnirl.models.sd3.step.sd3_step`, the function the rollout sampled with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from omnirl.models.base import DiffusionTrainingAdapter, WeightFormat
+from omnirl.models.registry import register_training_adapter
+from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
+from omnirl.models.sd3.lora import add_lora
+from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
+from omnirl.models.transitions import TransitionBatch
+from omnirl.models.weights import full_state, lora_state, lora_targets
+
+ARCHITECTURE = "StableDiffusion3Pipeline"
+
+
+@register_training_adapter(ARCHITECTURE)
+class SD3TrainingAdapter(DiffusionTrainingAdapter):
+    """The SD3 transformer as a policy over recorded transitions.
+
+    ``transformer`` is the trained module; ``scheduler`` a :class:`FlowMatchSDEScheduler`
+    from the model's scheduler config.
+    """
+
+    architecture = ARCHITECTURE
+    supports_lora = True
+    supports_full = True
+    supports_cfg = True
+    supports_gradient_checkpointing = True
+
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        scheduler: FlowMatchSDEScheduler,
+        *,
+        device: torch.device | str,
+        lora: dict[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
+        path: str | Path | None = None,
+    ):
+        self.transformer = transformer
+        self.scheduler = scheduler
+        self.device = torch.device(device)
+        self.path = Path(path) if path is not None else None
+        self.lora_config: dict[str, Any] | None = None
+        if lora is not None:
+            self.lora_config = add_lora(transformer, lora)
+            # adapter weights train in float32 even when the base model is bf16
+            for param in lora_targets(transformer).values():
+                param.data = param.data.to(torch.float32)
+        else:
+            transformer.requires_grad_(True)
+        transformer.to(self.device)
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self._reference_model: torch.nn.Module | None = None
+        self._in_reference = False
+        self._sigma_max: dict[tuple[int, int, int], float] = {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        lora: dict[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> SD3TrainingAdapter:
+        from diffusers import SD3Transformer2DModel
+
+        transformer = SD3Transformer2DModel.from_pretrained(
+            path, subfolder="transformer", torch_dtype=dtype
+        )
+        scheduler = FlowMatchSDEScheduler.from_pretrained(path, subfolder="scheduler")
+        return cls(
+            transformer,
+            scheduler,
+            device=device,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+            path=path,
+        )
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return "lora" if self.lora_config is not None else "full"
+
+    def adapter_config(self) -> dict[str, Any]:
+        return dict(self.lora_config) if self.lora_config is not None else {}
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        if self.lora_config is not None:
+            return list(lora_targets(self.transformer).values())
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    # ---------------------------------------------------------------------------- forward
+
+    def _schedule_sigma_max(self, batch: TransitionBatch) -> float:
+        """``sigmas[1]`` of the schedule the rollout used (rebuilt the same way, cached)."""
+        h, w = batch.latents.shape[-2:]
+        key = (batch.num_steps, int(h), int(w))
+        if key not in self._sigma_max:
+            _, sigmas = set_schedule(
+                self.scheduler, batch.num_steps, (h, w), self.transformer.config.patch_size, "cpu"
+            )
+            self._sigma_max[key] = float(sigmas[1])
+        return self._sigma_max[key]
+
+    def transition(self, batch: TransitionBatch, *, sde_type: str) -> SDEStepOutput:
+        model = self._reference_model if self._in_reference else self.transformer
+        dev = self.device
+        cond = SD3Conditioning(
+            prompt_embeds=batch.prompt_embeds.to(dev),
+            pooled_prompt_embeds=batch.pooled_prompt_embeds.to(dev),
+            negative_prompt_embeds=_to(batch.negative_prompt_embeds, dev),
+            negative_pooled_prompt_embeds=_to(batch.negative_pooled_prompt_embeds, dev),
+        )
+        return sd3_step(
+            model,
+            self.scheduler,
+            batch.latents.to(dev),
+            batch.timesteps.to(dev),
+            batch.sigmas.to(dev),
+            batch.next_sigmas.to(dev),
+            cond,
+            batch.guidance_scale,
+            sde_type=sde_type,
+            noise_level=batch.noise_levels.to(dev),
+            sigma_max=self._schedule_sigma_max(batch),
+            prev_sample=batch.next_latents.to(dev),
+        )
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """LoRA: the adapter disabled. Full: the pretrained weights, loaded from disk on first
+        use (so the copy costs memory only when a KL to the reference is asked for)."""
+        if self.lora_config is not None:
+            self.transformer.disable_adapters()
+            try:
+                yield
+            finally:
+                self.transformer.enable_adapters()
+            return
+        if self._reference_model is None:
+            self._reference_model = self._load_reference()
+        self._in_reference = True
+        try:
+            yield
+        finally:
+            self._in_reference = False
+
+    def _load_reference(self) -> torch.nn.Module:
+        from diffusers import SD3Transformer2DModel
+
+        if self.path is None:
+            raise RuntimeError("full fine-tuning reference needs the model path (from_pretrained)")
+        ref = SD3Transformer2DModel.from_pretrained(
+            self.path, subfolder="transformer", torch_dtype=self.transformer.dtype
+        )
+        return ref.to(self.device).requires_grad_(False).eval()
+
+    # ---------------------------------------------------------------------------- weights
+
+    def export_weights(self) -> dict[str, Tensor]:
+        if self.lora_config is not None:
+            return lora_state(self.transformer)
+        return full_state(self.transformer)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """LoRA: ``pytorch_lora_weights.safetensors`` loadable by
+        ``StableDiffusion3Pipeline.load_lora_weights(directory)``; full: the transformer folder."""
+        directory = Path(directory)
+        if self.lora_config is None:
+            self.transformer.save_pretrained(directory / "transformer")
+            return
+        from diffusers import StableDiffusion3Pipeline
+        from peft.utils import get_peft_model_state_dict
+
+        layers = get_peft_model_state_dict(self.transformer)
+        StableDiffusion3Pipeline.save_lora_weights(
+            directory, transformer_lora_layers=layers, safe_serialization=True
+        )
+
+
+def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if t is None else t.to(device)
