@@ -14,7 +14,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-from omnirl.models.schedulers import sde_formulas, window
+from omnirl.models.schedulers import checks, sde_formulas, window
 from omnirl.models.schedulers.errors import SchedulerInputError
 
 SDEType = Literal["sde", "cps", "dance_sde", "ode"]
@@ -41,33 +41,6 @@ class SDEStepOutput:
     prev_sample_mean: torch.Tensor
     std_dev_t: torch.Tensor
     step_std: torch.Tensor
-
-
-def _per_sample(
-    value: float | torch.Tensor, batch: int, device: torch.device, name: str
-) -> torch.Tensor:
-    """A float or a 0-d / [1] / [B] tensor as float32 ``[B]`` on ``device``."""
-    t = torch.as_tensor(value, dtype=torch.float32, device=device)
-    if t.ndim > 1 or t.numel() not in (1, batch):
-        raise SchedulerInputError(
-            f"{name} must be a float or a [B] tensor with B={batch}, got shape {tuple(t.shape)}"
-        )
-    if not torch.isfinite(t).all():
-        raise SchedulerInputError(f"{name} must be finite")
-    return t.reshape(-1).expand(batch).contiguous()
-
-
-def _require_fp32(t: torch.Tensor, name: str, shape: torch.Size) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise SchedulerInputError(f"{name} must be a tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise SchedulerInputError(
-            f"{name} must be float32 (got {t.dtype}); keep latents in float32 end to end, "
-            "a lower precision copy changes the log-prob"
-        )
-    if t.shape != shape:
-        raise SchedulerInputError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
-    return t
 
 
 class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
@@ -121,44 +94,28 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
             raise SchedulerInputError(
                 f"unknown sde_type {sde_type!r}; known: {', '.join(SDE_TYPES)}"
             )
-        if not isinstance(sample, torch.Tensor):
-            raise SchedulerInputError(f"sample must be a tensor, got {type(sample).__name__}")
-        x = _require_fp32(sample, "sample", sample.shape)
+        x = checks.require_fp32(sample, "sample")
         if x.ndim < 2:
-            raise SchedulerInputError(
-                f"sample must be [B, ...] with ndim >= 2, got {tuple(x.shape)}"
-            )
-        if not isinstance(model_output, torch.Tensor) or model_output.shape != x.shape:
-            raise SchedulerInputError(
-                f"model_output must be a tensor of shape {tuple(x.shape)}, "
-                f"got {tuple(getattr(model_output, 'shape', ()))}"
-            )
-        if not model_output.dtype.is_floating_point:
-            raise SchedulerInputError(
-                f"model_output must be floating point, got {model_output.dtype}"
-            )
-        v = model_output.to(torch.float32)
+            raise SchedulerInputError(f"sample must be [B, ...], got shape {tuple(x.shape)}")
+        v = checks.require_model_output(model_output, x.shape)
         batch, device = x.shape[0], x.device
         view = (batch,) + (1,) * (x.ndim - 1)
-
-        s = _per_sample(sigma, batch, device, "sigma")
-        s_next = _per_sample(sigma_next, batch, device, "sigma_next")
-        if (s > 1).any() or (s_next < 0).any() or (s_next > s).any():
-            raise SchedulerInputError("sigmas must satisfy 0 <= sigma_next <= sigma <= 1")
+        s, s_host = checks.per_sample(sigma, batch, device, "sigma")
+        s_next, s_next_host = checks.per_sample(sigma_next, batch, device, "sigma_next")
+        checks.check_sigmas(s_host, s_next_host, positive=sde_type != "ode")
+        sv, snv = s.view(view), s_next.view(view)
 
         if sde_type == "ode":
-            mean, std_dev_t, step_std = sde_formulas.ode_step(x, v, s.view(view), s_next.view(view))
+            mean, std_dev_t, step_std = sde_formulas.ode_step(x, v, sv, snv)
+            a_host = torch.zeros(1)
         else:
             if noise_level is None:
                 raise SchedulerInputError(f"noise_level is required for sde_type={sde_type!r}")
-            a = _per_sample(noise_level, batch, device, "noise_level")
-            if (a < 0).any():
-                raise SchedulerInputError("noise_level must be >= 0")
-            if (s <= 0).any():
-                raise SchedulerInputError(f"{sde_type} step needs sigma > 0")
-            a, sv, snv = a.view(view), s.view(view), s_next.view(view)
+            a, a_host = checks.per_sample(noise_level, batch, device, "noise_level")
+            checks.check_noise_level(a_host)
+            a = a.view(view)
             if sde_type == "sde":
-                smax = self._sde_sigma_max(sigma_max, s)
+                smax = self._sde_sigma_max(sigma_max, s_host)
                 mean, std_dev_t, step_std = sde_formulas.flow_sde_step(x, v, sv, snv, a, smax)
             elif sde_type == "cps":
                 mean, std_dev_t, step_std = sde_formulas.cps_step(x, v, sv, snv, a)
@@ -166,22 +123,26 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
                 mean, std_dev_t, step_std = sde_formulas.dance_sde_step(x, v, sv, snv, a)
         std_dev_t = std_dev_t.reshape(batch)
         step_std = step_std.reshape(batch)
-        stochastic = step_std > 0
 
-        if prev_sample is None:
-            if noise is None and bool(stochastic.any()):
+        if prev_sample is not None:
+            prev_sample = checks.require_fp32(prev_sample, "prev_sample", x.shape)
+        else:
+            # known on the host to be deterministic: no noise to draw (never a device sync)
+            deterministic = a_host is not None and not bool((a_host > 0).any())
+            if noise is None and not deterministic:
                 noise = randn_tensor(
                     x.shape, generator=generator, device=device, dtype=torch.float32
                 )
-            if noise is None:
+            if noise is None or sde_type == "ode":
                 prev_sample = mean
             else:
-                noise = _require_fp32(noise, "noise", x.shape)
+                noise = checks.require_fp32(noise, "noise", x.shape)
                 prev_sample = mean + step_std.view(view) * noise
-        else:
-            prev_sample = _require_fp32(prev_sample, "prev_sample", x.shape)
 
-        log_prob = self._log_prob(sde_type, prev_sample, mean, step_std.view(view), stochastic)
+        if sde_type == "ode":
+            log_prob = torch.zeros(batch, dtype=torch.float32, device=device)
+        else:
+            log_prob = _log_prob(sde_type, prev_sample, mean, step_std.view(view))
         return SDEStepOutput(
             prev_sample=prev_sample,
             log_prob=log_prob,
@@ -190,39 +151,32 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
             step_std=step_std,
         )
 
-    def _sde_sigma_max(self, sigma_max: float | None, sigma: torch.Tensor) -> float:
+    def _sde_sigma_max(self, sigma_max: float | None, sigma_host: torch.Tensor | None) -> float:
+        sigma_max = checks.check_sigma_max(sigma_max)
         if sigma_max is None:
             sigma_max = self.default_sde_sigma_max
-        if sigma_max is None:
-            if bool((sigma == 1).any()):
-                raise SchedulerInputError(
-                    "sde step at sigma = 1 needs sigma_max: call set_timesteps or pass sigma_max"
-                )
-            return 0.0  # unused: no sigma equals 1
-        sigma_max = float(sigma_max)
-        if not 0.0 <= sigma_max < 1.0:
-            raise SchedulerInputError(f"sigma_max must be in [0, 1), got {sigma_max}")
-        return sigma_max
+        if sigma_max is not None:
+            return sigma_max
+        if sigma_host is not None and not bool((sigma_host == 1).any()):
+            return 0.0  # never used: no sigma equals 1
+        raise SchedulerInputError(
+            "an sde step that may start at sigma = 1 needs sigma_max: "
+            "call set_timesteps or pass sigma_max"
+        )
 
-    @staticmethod
-    def _log_prob(
-        sde_type: str,
-        prev_sample: torch.Tensor,
-        mean: torch.Tensor,
-        step_std: torch.Tensor,
-        stochastic: torch.Tensor,
-    ) -> torch.Tensor:
-        """``[B]`` log-prob averaged over non-batch dims; 0 where the step is deterministic."""
-        batch = prev_sample.shape[0]
-        if sde_type == "ode" or not bool(stochastic.any()):
-            return torch.zeros(batch, dtype=torch.float32, device=prev_sample.device)
-        dims = tuple(range(1, prev_sample.ndim))
-        diff2 = (prev_sample.detach() - mean) ** 2
-        if sde_type == "cps":
-            per_elem = -diff2  # CPS surrogate: no variance scaling, no constants
-        else:
-            # a safe std where deterministic keeps NaN out of both the value and the gradient
-            std = torch.where(step_std > 0, step_std, torch.ones_like(step_std))
-            per_elem = -diff2 / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI
-        log_prob = per_elem.mean(dim=dims)
-        return torch.where(stochastic, log_prob, torch.zeros_like(log_prob))
+
+def _log_prob(
+    sde_type: str, prev_sample: torch.Tensor, mean: torch.Tensor, step_std: torch.Tensor
+) -> torch.Tensor:
+    """``[B]`` log-prob averaged over non-batch dims; 0 where ``step_std`` is 0."""
+    dims = tuple(range(1, prev_sample.ndim))
+    diff2 = (prev_sample.detach() - mean) ** 2
+    stochastic = step_std > 0
+    if sde_type == "cps":
+        per_elem = -diff2  # the CPS surrogate: no variance scaling, no constants
+    else:
+        # a stand-in std of 1 where deterministic keeps NaN out of the value and the gradient
+        std = torch.where(stochastic, step_std, torch.ones_like(step_std))
+        per_elem = -diff2 / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI
+    log_prob = per_elem.mean(dim=dims)
+    return torch.where(stochastic.flatten(), log_prob, torch.zeros_like(log_prob))
