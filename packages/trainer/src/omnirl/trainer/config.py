@@ -43,10 +43,24 @@ class RunConfig:
 
 @dataclass
 class LoraConfig:
-    r: int = 8
-    alpha: int = 8
-    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
-    dropout: float = 0.0
+    """PEFT LoRA shape; a null field takes the model family's default."""
+
+    r: int | None = None
+    alpha: int | None = None
+    target_modules: list[str] | None = None
+    dropout: float | None = None
+
+    @staticmethod
+    def peft_kwargs(lora: Any) -> dict[str, Any]:
+        """PEFT ``LoraConfig`` kwargs of the set fields (what adapters' ``lora=`` takes)."""
+        names = {"r": "r", "alpha": "lora_alpha", "target_modules": "target_modules",
+                 "dropout": "lora_dropout"}  # fmt: skip
+        out = {}
+        for key, peft_key in names.items():
+            value = lora[key] if isinstance(lora, dict) else getattr(lora, key)
+            if value is not None:
+                out[peft_key] = list(value) if key == "target_modules" else value
+        return out
 
 
 @dataclass
@@ -87,19 +101,20 @@ class SamplingConfig:
 
 @dataclass
 class TrainConfig:
-    """What :class:`omnirl.trainer.step.TrainStep` needs, plus the batching of the loop."""
+    """The loop's batching and staleness, plus the common ``TrainStep.Config`` fields.
+
+    A null hyper-parameter takes the algorithm's default (``AlgorithmSpec.defaults``), else
+    ``TrainStep.Config``'s own; any other ``TrainStep.Config`` field is set through
+    ``algorithm.overrides``. Precedence: TrainStep.Config < algorithm defaults < these <
+    ``algorithm.overrides``.
+    """
 
     groups_per_step: int = 4  # accepted groups per optimisation step
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip_range: float = 1e-4
-    adv_clip_max: float = 5.0
-    kl_beta: float = 0.0
-    inner_epochs: int = 1
-    micro_batch_size: int = 0  # samples per backward; 0: the whole step at once
-    ema_decay: float = 0.0  # 0: no EMA
     max_staleness: int = 0  # 0: synchronous (on-policy); K >= 1 asynchronous
+    lr: float | None = None
+    clip_range: float | None = None
+    kl_beta: float | None = None
+    max_grad_norm: float | None = None
 
 
 @dataclass
@@ -116,7 +131,8 @@ class RuntimeConfig:
     max_reissues: int = 5  # a group reissued more often than this is abandoned (counted)
     shutdown_grace_s: float = 3.0  # after max_steps, keep answering "shutdown" this long
     insecure: bool = False  # allow a non-loopback bind without CurveZMQ keys
-    keys_dir: str | None = None  # CurveZMQ keys (see omnirl.protocol.auth)
+    keys_dir: str | None = None  # CurveZMQ keys (see omnirl.protocol.auth); null: none
+    key_name: str = "trainer"  # the trainer's key pair in keys_dir
 
 
 @dataclass
@@ -170,6 +186,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file not found: {path}")
         try:
             file_cfg = OmegaConf.load(path)
+        except Exception as err:  # YAML syntax errors come from the yaml package
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(file_cfg, DictConfig):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        try:
             cfg = OmegaConf.merge(cfg, file_cfg)
         except OmegaConfBaseException as err:
             raise _explain(err, str(path)) from None

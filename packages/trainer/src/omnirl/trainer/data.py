@@ -13,6 +13,7 @@ continues with the same data order.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,9 +150,14 @@ class PromptSource:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _iter(self) -> Iterator[PromptSpec]:
+        with warnings.catch_warnings():  # torchdata calls a deprecated torch API here
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            return iter(self.loader)
+
     def next(self) -> PromptSpec:
         if self._it is None:
-            self._it = iter(self.loader)
+            self._it = self._iter()
         return next(self._it)
 
     def take(self, n: int) -> list[PromptSpec]:
@@ -159,9 +165,9 @@ class PromptSource:
 
     def state_dict(self) -> dict[str, Any]:
         if self._it is None:
-            self._it = iter(self.loader)
+            self._it = self._iter()
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
-        self._it = iter(self.loader)
+        self._it = self._iter()

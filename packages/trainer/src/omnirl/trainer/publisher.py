@@ -76,18 +76,26 @@ class WeightPublisher:
         self.counters["versions"] += 1
         self.last_prepare_s = time.perf_counter() - t0
 
-    def send_to(self, sock: zmq.Socket, peer: bytes) -> None:
-        for frames in self._frames:
-            sock.send_multipart([peer, *frames], copy=False)
+    def send_to(self, sock: zmq.Socket, peer: bytes) -> bool:
+        """Queue every chunk of the latest version for ``peer``; False if it is gone."""
+        import zmq
+
+        try:
+            for frames in self._frames:
+                sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as err:  # EHOSTUNREACH under ROUTER_MANDATORY: peer vanished
+            log.info("weights: peer %s unreachable (%s); forgotten", peer.hex(), err)
+            self.forget(peer)
+            return False
         self.peers[peer] = self.version
         self.counters["pushes"] += 1
+        return True
 
     def broadcast(self, sock: zmq.Socket) -> int:
         """Push the latest version to every known peer that lacks it; returns how many."""
         n = 0
         for peer, have in list(self.peers.items()):
-            if have < self.version:
-                self.send_to(sock, peer)
+            if have < self.version and self.send_to(sock, peer):
                 n += 1
         return n
 
@@ -97,13 +105,18 @@ class WeightPublisher:
 
     def handle_request(self, sock: zmq.Socket, peer: bytes, req: WeightRequest) -> None:
         """Answer a WeightRequest; also registers ``peer`` for future pushes."""
+        import zmq
+
         from omnirl.protocol.codec import encode
 
         self.counters["requests"] += 1
         if self.version < 0 or req.have_version >= self.version:
             self.peers[peer] = max(req.have_version, self.peers.get(peer, -1))
             ack = Ack(ref=str(self.version), detail="up_to_date")
-            sock.send_multipart([peer, *encode(ack)], copy=False)
+            try:
+                sock.send_multipart([peer, *encode(ack)], flags=zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                self.forget(peer)
             return
         self.send_to(sock, peer)
 

@@ -1,0 +1,73 @@
+"""What the server trains with: the model family's training adapter and a ``TrainStep``.
+
+:class:`TrainerServer` only needs the small surface below, so tests and benchmarks can
+hand it something lighter (a backend with no model) while the real run uses
+:class:`AdapterBackend`::
+
+    architecture: str, model_path: str, sde_type: str
+    weight_format: "lora" | "full", adapter_config: dict
+    export_weights() -> dict[str, Tensor]           # what a WeightUpdate carries
+    step(groups, *, policy_version) -> dict[str, float]
+    adapter      # save_pretrained(dir), trainable_parameters()  (checkpoints), or None
+    train_step   # state_dict() / load_state_dict()                (checkpoints), or None
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnirl.trainer.config import ConfigError, LoraConfig, to_container
+
+_LOOP_KEYS = ("groups_per_step", "max_staleness")
+
+
+def train_step_config(cfg: Any) -> Any:
+    """``TrainStep.Config`` from ``train`` (set fields) and ``algorithm.overrides``.
+
+    Raises :class:`ConfigError` naming any key ``TrainStep.Config`` does not have.
+    """
+    from omnirl.trainer.step import TrainStep
+
+    values = {
+        k: v for k, v in to_container(cfg.train).items() if k not in _LOOP_KEYS and v is not None
+    }
+    values.setdefault("seed", cfg.run.seed)
+    values.update(to_container(cfg.algorithm)["overrides"])
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    try:
+        return TrainStep.Config.from_dict(values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"key 'algorithm.overrides' / 'train': {err}") from None
+
+
+class AdapterBackend:
+    """The registered training adapter of the model's architecture, and its TrainStep."""
+
+    def __init__(self, cfg: Any):
+        import torch
+
+        from omnirl.models.registry import architecture_of, get_training_adapter
+        from omnirl.trainer.algorithms.registry import get_algorithm
+        from omnirl.trainer.step import TrainStep
+
+        self.model_path = str(cfg.model.path)
+        self.architecture = architecture_of(self.model_path)
+        spec = get_algorithm(cfg.algorithm.name)
+        self.sde_type = spec.sde_type
+        step_config = train_step_config(cfg)
+        adapter_cls = get_training_adapter(self.architecture, spec.adapter_algorithm)
+        lora = LoraConfig.peft_kwargs(cfg.model.lora) if cfg.model.lora is not None else None
+        torch.manual_seed(cfg.run.seed)  # LoRA initialisation is part of the run's seed
+        self.adapter = adapter_cls.from_pretrained(
+            self.model_path, device=cfg.run.device, dtype=getattr(torch, cfg.run.dtype), lora=lora
+        )
+        self.weight_format = self.adapter.weight_format
+        self.adapter_config = self.adapter.adapter_config()
+        self.train_step = TrainStep(self.adapter, spec, step_config)
+
+    def export_weights(self) -> dict[str, Any]:
+        return self.adapter.export_weights()
+
+    def step(self, groups: list[Any], *, policy_version: int) -> dict[str, float]:
+        return self.train_step.step(groups, policy_version=policy_version)

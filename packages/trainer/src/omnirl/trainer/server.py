@@ -1,0 +1,522 @@
+"""The trainer process: sockets, the conversation with the fleet, and the training loop.
+
+One thread owns every socket and the ledger (zmq sockets are not thread-safe); the
+optimisation step runs on a second thread so that leases, heartbeats, weight requests
+and intake keep being served while it trains. Per loop iteration:
+
+1. poll ``control`` (ROUTER), ``weights`` (ROUTER) and ``intake`` (PULL); answer each
+   message (see docs/architecture.md, "The conversation");
+2. expire leases past their deadline or held by workers that stopped heartbeating;
+3. when a step has finished: mark its groups trained, publish version v+1 to every rollout
+   worker, log metrics, checkpoint when due;
+4. when no step is running and ``groups_per_step`` accepted groups are buffered: start one.
+
+After ``max_steps`` the server stops leasing, answers every request with
+``Refusal(code="shutdown")`` for ``runtime.shutdown_grace_s`` so that each live worker
+hears it once, writes a final checkpoint and returns 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import zmq
+from omegaconf import OmegaConf
+
+from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.codec import decode, encode
+from omnirl.protocol.errors import ProtocolError
+from omnirl.protocol.messages import (
+    Heartbeat,
+    Hello,
+    Lease,
+    LeaseRequest,
+    Message,
+    Refusal,
+    SamplingParams,
+    Status,
+    StatusRequest,
+    Topology,
+    WeightRequest,
+    Welcome,
+    WorkerStatus,
+)
+from omnirl.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from omnirl.trainer.config import checkpoint_dir, to_container
+from omnirl.trainer.data import PromptSource
+from omnirl.trainer.intake import Intake
+from omnirl.trainer.ledger import Ledger
+from omnirl.trainer.publisher import WeightPublisher
+
+log = logging.getLogger("omnirl.trainer")
+
+ADDRESS_FILE = "trainer.addr"
+INTAKE_BURST = 512  # intake messages handled per loop iteration before serving control again
+
+
+def _advertised_host(host: str) -> str:
+    return socket.gethostname() if host in ("0.0.0.0", "*", "") else host
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class TrainerServer:
+    """Run with :meth:`run`; ``backend`` is what trains (see :mod:`omnirl.trainer.backend`)."""
+
+    def __init__(
+        self, cfg: Any, backend: Any, *, resume: bool = False, context: zmq.Context | None = None
+    ):
+        self.cfg = cfg
+        self.backend = backend
+        self.run_id = cfg.run.name
+        rt = cfg.runtime
+        self.ledger = Ledger(
+            groups_per_step=cfg.train.groups_per_step,
+            max_staleness=cfg.train.max_staleness,
+            lease_timeout_s=rt.lease_timeout_s,
+            heartbeat_timeout_s=rt.heartbeat_timeout_s,
+            max_reissues=rt.max_reissues,
+            run_id=self.run_id,
+        )
+        self.prompts = PromptSource.from_config(cfg.data)
+        self.intake = Intake(self.ledger, max_bytes=rt.max_message_bytes)
+        self.publisher = WeightPublisher(
+            chunk_bytes=rt.weight_chunk_bytes,
+            format=backend.weight_format,
+            adapter_config=backend.adapter_config,
+        )
+        self.version = 0
+        self.step = 0
+        self.buffer: list[Any] = []
+        self.rewards: dict[str, str] = {}  # reward worker id -> its PULL address
+        self.weight_peers: dict[bytes, str] = {}  # weights routing id -> worker id
+        self.counters: dict[str, int] = {"control_rejected": 0, "weights_rejected": 0}
+        self._rr = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
+        self._future: Future | None = None
+        self._shutdown_at: float | None = None
+        self._ctx = context or zmq.Context.instance()
+        self.addresses: dict[str, str] = {}
+        self.output_dir = Path(cfg.run.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self._resume()
+
+    # ---------------------------------------------------------------------------- setup
+    def _resume(self) -> None:
+        path = latest_checkpoint(checkpoint_dir(self.cfg))
+        if path is None:
+            log.warning(
+                "--resume: no checkpoint under %s, starting fresh", checkpoint_dir(self.cfg)
+            )
+            return
+        ck = load_checkpoint(path, adapter=self.backend.adapter, train_step=self.backend.train_step)
+        self.version = int(ck.state["version"])
+        self.step = ck.step
+        self.prompts.load_state_dict(ck.state["data"])
+        self.ledger.load_state_dict(ck.state["ledger"])
+        set_rng_state(ck.state["rng"])
+        log.info("resumed from %s: step %d, version %d", path, self.step, self.version)
+
+    def _open(self) -> None:
+        from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint
+
+        rt = self.cfg.runtime
+        security = SecurityConfig(
+            keys_dir=Path(rt.keys_dir) if rt.keys_dir else None,
+            name=rt.key_name,
+            insecure=rt.insecure,
+        )
+        options = SocketOptions(max_bytes=int(rt.max_message_bytes), linger_ms=0)
+        self.sockets = SocketFactory(security, options, context=self._ctx)
+        advertised = _advertised_host(rt.host)
+        opened = {}
+        for role, port in (
+            ("control", rt.control_port),
+            ("weights", rt.weights_port),
+            ("intake", rt.intake_port),
+        ):
+            sock = self.sockets.bind(role, f"tcp://{rt.host}:{port or '*'}")
+            if role == "weights":  # a full push is many chunks per peer: never block on HWM
+                sock.setsockopt(zmq.SNDHWM, 0)
+            opened[role] = sock
+            self.addresses[role] = f"tcp://{advertised}:{bound_endpoint(sock).rsplit(':', 1)[1]}"
+        self.control, self.weights, self.intake_sock = (
+            opened["control"],
+            opened["weights"],
+            opened["intake"],
+        )
+        self.poller = zmq.Poller()
+        for sock in opened.values():
+            self.poller.register(sock, zmq.POLLIN)
+
+    def _close(self) -> None:
+        self.sockets.close()
+        self._executor.shutdown(wait=True)
+
+    # ----------------------------------------------------------------------------- loop
+    def run(self) -> int:
+        from omnirl.trainer.metrics import MetricsLogger
+
+        self._open()
+        self.metrics = MetricsLogger(
+            self.output_dir, self.cfg.logging, max_steps=self.cfg.max_steps, start_step=self.step
+        )
+        try:
+            self.publisher.prepare(self.version, self.backend.export_weights())
+            _atomic_write(self.output_dir / ADDRESS_FILE, self.addresses["control"] + "\n")
+            log.info(
+                "trainer %s listening: control %s, weights %s, intake %s (version %d, step %d/%d)",
+                self.run_id, self.addresses["control"], self.addresses["weights"],
+                self.addresses["intake"], self.version, self.step, self.cfg.max_steps,
+            )  # fmt: skip
+            next_expire = 0.0
+            while True:
+                for sock, _ in self.poller.poll(timeout=20):
+                    if sock is self.control:
+                        self._drain(self.control, self._on_control, router=True)
+                    elif sock is self.weights:
+                        self._drain(self.weights, self._on_weights, router=True)
+                    else:
+                        self._drain(self.intake_sock, self._on_intake, router=False)
+                now = time.time()
+                if now >= next_expire:
+                    self._expire(now)
+                    next_expire = now + 0.25
+                if self._future is not None and self._future.done():
+                    self._finish_step()
+                self._maybe_start_step()
+                if (
+                    self._shutdown_at is None
+                    and self.step >= self.cfg.max_steps
+                    and self._future is None
+                ):
+                    self._begin_shutdown()
+                if self._shutdown_at is not None and time.monotonic() >= self._shutdown_at:
+                    break
+            self._checkpoint(final=True)
+            log.info(
+                "trainer done: %d steps, version %d; %s",
+                self.step,
+                self.version,
+                self.ledger.summary(),
+            )
+            return 0
+        finally:
+            self.metrics.close()
+            self._close()
+
+    def _drain(self, sock: zmq.Socket, handler, *, router: bool) -> None:
+        for _ in range(INTAKE_BURST):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                if router:
+                    handler(frames[0].bytes, frames[1:])
+                else:
+                    handler(frames)
+            except Exception:  # a handler bug must not take the run down; it is logged
+                log.exception("error while handling a message; the message is dropped")
+                self.counters["handler_errors"] = self.counters.get("handler_errors", 0) + 1
+
+    def _reply(self, sock: zmq.Socket, peer: bytes, msg: Message) -> None:
+        try:
+            sock.send_multipart([peer, *encode(msg)], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as err:  # the peer vanished (ROUTER_MANDATORY) or is not reading
+            self.counters["replies_dropped"] = self.counters.get("replies_dropped", 0) + 1
+            log.debug("reply %s dropped: %s", type(msg).__name__, err)
+
+    # -------------------------------------------------------------------------- control
+    def _on_control(self, peer: bytes, frames: list) -> None:
+        try:
+            msg = decode(frames, max_bytes=self.cfg.runtime.max_message_bytes)
+        except ProtocolError as err:
+            self.counters["control_rejected"] += 1
+            log.warning("control: rejected message (%s): %s", err.code, err)
+            self._reply(self.control, peer, err.to_refusal())
+            return
+        now = time.time()
+        if isinstance(msg, StatusRequest):
+            self._reply(self.control, peer, self.status())
+        elif self._shutdown_at is not None:
+            self._reply(self.control, peer, Refusal(code="shutdown", reason="the run has finished"))
+        elif isinstance(msg, Hello):
+            self._on_hello(peer, msg, now)
+        elif isinstance(msg, LeaseRequest | Heartbeat):
+            if msg.worker_id not in self.ledger.workers:
+                reason = f"worker {msg.worker_id!r} is not registered (send Hello)"
+                self._reply(
+                    self.control,
+                    peer,
+                    Refusal(code="unknown_worker", reason=reason, ref=msg.worker_id),
+                )
+                return
+            if isinstance(msg, Heartbeat):
+                self.ledger.heartbeat(
+                    msg.worker_id,
+                    now,
+                    role=msg.role,
+                    policy_version=msg.policy_version,
+                    leases=msg.leases,
+                )
+            else:
+                self.ledger.heartbeat(
+                    msg.worker_id, now, role=self.ledger.workers[msg.worker_id].role
+                )
+                self._reply(self.control, peer, self._lease_for(msg, now))
+        else:
+            self.counters["control_rejected"] += 1
+            reason = f"{type(msg).__name__} is not a control request"
+            self._reply(self.control, peer, Refusal(code="unexpected_kind", reason=reason))
+
+    def _on_hello(self, peer: bytes, msg: Hello, now: float) -> None:
+        if msg.role not in ("rollout", "reward", "client", "tap"):
+            self._reply(self.control, peer, Refusal(code="bad_role", reason=f"role {msg.role!r}"))
+            return
+        if msg.role == "reward":
+            if not msg.address:
+                reason = "a reward worker must give the address of its PULL in Hello.address"
+                self._reply(self.control, peer, Refusal(code="bad_hello", reason=reason))
+                return
+            self.rewards[msg.worker_id] = msg.address
+        self.ledger.heartbeat(msg.worker_id, now, role=msg.role)
+        log.info(
+            "%s worker %s joined%s",
+            msg.role,
+            msg.worker_id,
+            f" ({msg.address})" if msg.address else "",
+        )
+        welcome = Welcome(
+            worker_id=msg.worker_id,
+            run_id=self.run_id,
+            topology=Topology(
+                control=self.addresses["control"],
+                intake=self.addresses["intake"],
+                weights=self.addresses["weights"],
+                reward=sorted(self.rewards.values()),
+            ),
+            policy_version=self.version,
+            model_path=self.backend.model_path,
+            architecture=self.backend.architecture,
+            heartbeat_interval_s=self.cfg.runtime.heartbeat_interval_s,
+            config=to_container(self.cfg),
+        )
+        self._reply(self.control, peer, welcome)
+
+    def _lease_for(self, req: LeaseRequest, now: float) -> Lease | Refusal:
+        if not self.rewards:
+            return Refusal(code="no_work", reason="no reward worker has registered yet")
+        if self.step >= self.cfg.max_steps:
+            return Refusal(code="no_work", reason="max_steps reached")
+        capacity = max(1, min(req.capacity, self.cfg.data.prompts_per_lease))
+        lease = self.ledger.issue(
+            req.worker_id, capacity, now, policy_version=self.version, fresh=self.prompts.next
+        )
+        if lease is None:
+            return Refusal(code="no_work", reason="lease budget spent; waiting for the next step")
+        rewards = sorted(self.rewards.values())
+        self._rr += 1
+        return Lease(
+            lease_id=lease.lease_id,
+            worker_id=req.worker_id,
+            prompts=lease.prompts,
+            sampling=self._sampling(lease.lease_id),
+            deadline=lease.deadline,
+            policy_version=self.version,
+            reward_address=rewards[self._rr % len(rewards)],
+        )
+
+    def _sampling(self, lease_id: str) -> SamplingParams:
+        s = self.cfg.sampling
+        return SamplingParams(
+            group_size=self.cfg.data.group_size,
+            seed=zlib.crc32(f"{self.cfg.run.seed}:{lease_id}".encode()),
+            num_steps=s.num_steps,
+            guidance_scale=s.guidance_scale,
+            height=s.height,
+            width=s.width,
+            noise_level=s.noise_level,
+            sde_window=tuple(s.sde_window) if s.sde_window is not None else None,
+            sde_type=s.sde_type or self.backend.sde_type,
+            negative_prompt=s.negative_prompt,
+            record_images=s.record_images,
+        )
+
+    def _expire(self, now: float) -> None:
+        before = set(self.ledger.workers)
+        expired = self.ledger.expire(now)
+        for wid in before - set(self.ledger.workers):
+            log.warning(
+                "worker %s lost (no heartbeat for %.1f s)",
+                wid,
+                self.cfg.runtime.heartbeat_timeout_s,
+            )
+            self.rewards.pop(wid, None)
+            for peer, owner in list(self.weight_peers.items()):
+                if owner == wid:
+                    self.publisher.forget(peer)
+                    del self.weight_peers[peer]
+        if expired:
+            log.warning("leases expired, their groups will be issued again: %s", ", ".join(expired))
+
+    # -------------------------------------------------------------------------- weights
+    def _on_weights(self, peer: bytes, frames: list) -> None:
+        try:
+            msg = decode(frames, max_bytes=self.cfg.runtime.max_message_bytes)
+        except ProtocolError as err:
+            self.counters["weights_rejected"] += 1
+            self._reply(self.weights, peer, err.to_refusal())
+            return
+        if not isinstance(msg, WeightRequest):
+            self.counters["weights_rejected"] += 1
+            reason = f"{type(msg).__name__} on the weights socket (only WeightRequest)"
+            self._reply(self.weights, peer, Refusal(code="unexpected_kind", reason=reason))
+            return
+        self.weight_peers[peer] = msg.worker_id
+        self.publisher.handle_request(self.weights, peer, msg)
+
+    # --------------------------------------------------------------------------- intake
+    def _on_intake(self, frames: list) -> None:
+        group, _ = self.intake.receive(frames, self.version)
+        if group is not None:
+            self.buffer.append(group)
+
+    # ---------------------------------------------------------------------------- steps
+    def _maybe_start_step(self) -> None:
+        need = self.cfg.train.groups_per_step
+        if self._future is not None or self.step >= self.cfg.max_steps or len(self.buffer) < need:
+            return
+        fresh, stale = [], []
+        for g in self.buffer:
+            (
+                stale if self.version - g.policy_version > self.cfg.train.max_staleness else fresh
+            ).append(g)
+        if stale:  # grew stale while waiting for the previous step: counted, issued again
+            self.ledger.counters["groups_stale_at_step"] += len(stale)
+            self.ledger.requeue_accepted([g.group_id for g in stale])
+        self.buffer = fresh
+        if len(self.buffer) < need:
+            return
+        batch, self.buffer = self.buffer[:need], self.buffer[need:]
+        self._batch = batch
+        self._step_started = time.perf_counter()
+        self._future = self._executor.submit(self.backend.step, batch, policy_version=self.version)
+
+    def _finish_step(self) -> None:
+        future, self._future = self._future, None
+        batch = self._batch
+        try:
+            metrics = dict(future.result())
+        except Exception:
+            log.exception(
+                "optimisation step %d failed; its groups will be issued again", self.step + 1
+            )
+            self.counters["step_failures"] = self.counters.get("step_failures", 0) + 1
+            self.ledger.requeue_accepted([g.group_id for g in batch])
+            return
+        step_s = time.perf_counter() - self._step_started
+        self.ledger.mark_trained([g.group_id for g in batch])
+        staleness = [self.version - g.policy_version for g in batch]
+        self.step += 1
+        self.version += 1
+        t0 = time.perf_counter()
+        pushed = self.publisher.publish(self.weights, self.version, self.backend.export_weights())
+        rewards = [r for g in batch for r in g.rewards.total]
+        metrics.update(
+            policy_version=self.version,
+            step_s=step_s,
+            publish_s=time.perf_counter() - t0,
+            weights_pushed_to=pushed,
+            weight_bytes=self.publisher.total_bytes,
+            staleness_mean=sum(staleness) / len(staleness),
+            staleness_max=max(staleness),
+            reward_mean=sum(rewards) / max(1, len(rewards)),
+            intake_rate=self.intake.rate(),
+            **{f"ledger/{k}": v for k, v in self.ledger.summary().items()},
+        )
+        images = [g.images for g in batch if getattr(g, "images", None) is not None]
+        self.metrics.log_step(self.step, metrics, images)
+        every = self.cfg.checkpoint.every
+        if every and self.step % every == 0 and self.step < self.cfg.max_steps:
+            self._checkpoint()
+
+    def _checkpoint(self, final: bool = False) -> None:
+        if final and self.step == 0:
+            return
+        path = save_checkpoint(
+            checkpoint_dir(self.cfg),
+            self.step,
+            state={
+                "version": self.version,
+                "data": self.prompts.state_dict(),
+                "ledger": self.ledger.state_dict(),
+            },
+            adapter=self.backend.adapter,
+            train_step=self.backend.train_step,
+            config_yaml=OmegaConf.to_yaml(self.cfg),
+            keep_last=self.cfg.checkpoint.keep_last,
+        )
+        log.info("checkpoint %s (step %d, version %d)", path, self.step, self.version)
+
+    def _begin_shutdown(self) -> None:
+        log.info("max_steps=%d reached; telling workers to shut down", self.cfg.max_steps)
+        self._shutdown_at = time.monotonic() + self.cfg.runtime.shutdown_grace_s
+
+    # --------------------------------------------------------------------------- status
+    def status(self) -> Status:
+        now = time.time()
+        workers = [
+            WorkerStatus(
+                worker_id=w.worker_id,
+                role=w.role,
+                policy_version=w.policy_version,
+                last_seen_s=now - w.last_seen,
+                leases=[
+                    lid
+                    for lid, lease in self.ledger.leases.items()
+                    if lease.worker_id == w.worker_id
+                ],
+                address=self.rewards.get(w.worker_id, ""),
+            )
+            for w in self.ledger.workers.values()
+        ]
+        state = (
+            "shutdown"
+            if self._shutdown_at is not None
+            else "stepping"
+            if self._future
+            else "running"
+        )
+        counters = {**self.ledger.summary(), **self.counters}
+        counters.update({f"intake_{k}": v for k, v in self.intake.outcomes.items()})
+        counters.update({f"rejected_{k}": v for k, v in self.intake.rejected.items()})
+        return Status(
+            run_id=self.run_id,
+            state=state,
+            policy_version=self.version,
+            step=self.step,
+            max_steps=self.cfg.max_steps,
+            workers=workers,
+            leases_in_flight=len(self.ledger.leases),
+            groups_buffered=len(self.buffer),
+            intake_rate=self.intake.rate(),
+            counters={k: int(v) for k, v in counters.items()},
+        )
