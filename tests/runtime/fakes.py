@@ -85,9 +85,14 @@ class FakeTrainer:
         sock.send_multipart(parts, copy=False)
 
     def welcome(self, identity: bytes, worker_id: str, **kw) -> None:
-        msg = Welcome(worker_id=worker_id, run_id="test", topology=self.topology(
-            kw.pop("reward", None)), policy_version=kw.pop("policy_version", 0),
-            heartbeat_interval_s=kw.pop("heartbeat_interval_s", 0.2), **kw)
+        msg = Welcome(
+            worker_id=worker_id,
+            run_id="test",
+            topology=self.topology(kw.pop("reward", None)),
+            policy_version=kw.pop("policy_version", 0),
+            heartbeat_interval_s=kw.pop("heartbeat_interval_s", 0.2),
+            **kw,
+        )
         self.send(self.control, identity, msg)
 
     def close(self) -> None:

@@ -74,11 +74,17 @@ def test_weighted_components_are_named_and_summed():
     group = make_group()
     [out] = _worker("jpeg_compressibility:2,jpeg_incompressibility:0.5").process(encode(group))
     rewards = decode(out).rewards
-    comp, incomp = (rewards.components[n] for n in ("jpeg_compressibility", "jpeg_incompressibility"))
-    assert rewards.total == pytest.approx([2 * a + 0.5 * b for a, b in zip(comp, incomp, strict=True)])
+    comp, incomp = (
+        rewards.components[n] for n in ("jpeg_compressibility", "jpeg_incompressibility")
+    )
+    assert rewards.total == pytest.approx(
+        [2 * a + 0.5 * b for a, b in zip(comp, incomp, strict=True)]
+    )
 
 
-@pytest.mark.parametrize(("spec", "needle"), [("test_nan", "non-finite"), ("test_raises", "exploded")])
+@pytest.mark.parametrize(
+    ("spec", "needle"), [("test_nan", "non-finite"), ("test_raises", "exploded")]
+)
 def test_a_failing_scorer_becomes_a_refusal_naming_the_group(spec, needle):
     worker = _worker(spec)
     [out] = worker.process(encode(make_group("e1:7")))

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from omnirl.protocol.codec import decode, encode
 from zmq.utils.monitor import recv_monitor_message
 
 from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.codec import decode, encode
 from omnirl.protocol.errors import ProtocolError
 from omnirl.protocol.messages import (
     Capabilities,
@@ -46,8 +46,8 @@ from omnirl.protocol.messages import (
     WeightUpdate,
     Welcome,
 )
+from omnirl.protocol.sockets import SocketFactory, SocketOptions, send_message
 from omnirl.rollout.model import RolloutModel
-from omnirl.rollout.net import connect_socket, send
 from omnirl.rollout.sampler import JobResult, SamplerThread
 from omnirl.rollout.weights_inbox import WeightInbox
 
@@ -88,7 +88,7 @@ class RolloutWorker:
         self.config = config
         self.worker_id = config.worker_id or f"rollout-{uuid.uuid4().hex[:8]}"
         self.counters = RolloutCounters()
-        self._context = context or zmq.Context.instance()
+        self._context = context
         self._stop = False
         self._welcome: Welcome | None = None
         self._model: RolloutModel | None = None
@@ -111,7 +111,10 @@ class RolloutWorker:
     def run(self) -> int:
         cfg = self.config
         self._sampler = SamplerThread()
-        self._control = connect_socket(self._context, zmq.DEALER, cfg.trainer, cfg.security)
+        self._sockets = SocketFactory(
+            cfg.security, SocketOptions(max_bytes=cfg.max_bytes), context=self._context
+        )
+        self._control = self._sockets.connect("control", cfg.trainer)
         self._monitor = self._control.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
         )
@@ -137,10 +140,10 @@ class RolloutWorker:
             while not self._stop:
                 now = time.monotonic()
                 if self._welcome is None and now - hello_sent_at >= cfg.retry_s:
-                    send(self._control, self._hello())
+                    send_message(self._control, self._hello())
                     hello_sent_at = now
                 if self._welcome is not None and now >= next_beat:
-                    send(self._control, self._heartbeat())
+                    send_message(self._control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
                 unreachable = (
                     lost_since
@@ -180,9 +183,8 @@ class RolloutWorker:
         finally:
             self._sampler.close()
             self._control.disable_monitor()
-            for sock in (self._monitor, self._control, self._weights, self._push):
-                if sock is not None:
-                    sock.close(linger=2000 if sock is self._push else 0)
+            self._monitor.close(linger=0)
+            self._sockets.close()
 
     def _advance(self) -> None:
         """Start whatever can start now: the model, a weight version, a lease, a request."""
@@ -240,13 +242,15 @@ class RolloutWorker:
             return
         if now < self._backoff_until:
             return
-        send(self._control, LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity))
+        send_message(
+            self._control, LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity)
+        )
         self._lease_requested_at = now
 
     def _request_weights(self, now: float) -> None:
         if self._weights is not None and now - self._weights_requested_at >= self.config.retry_s:
             have = self._held_version
-            send(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
+            send_message(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
             self._weights_requested_at = now
 
     # -------------------------------------------------------------------------- messages
@@ -316,9 +320,7 @@ class RolloutWorker:
             if self._weights is not None:
                 self._poller.unregister(self._weights)
                 self._weights.close(linger=0)
-            self._weights = connect_socket(
-                self._context, zmq.DEALER, msg.topology.weights, self.config.security
-            )
+            self._weights = self._sockets.connect("weights", msg.topology.weights)
             self._weights_address = msg.topology.weights
             self._poller.register(self._weights, zmq.POLLIN)
             self._inbox.reset()
@@ -331,15 +333,23 @@ class RolloutWorker:
         new = [a for a in addresses if a and a not in self._reward_addresses]
         if not new:
             return
-        if self._push is None:
-            self._push = self._context.socket(zmq.PUSH)
-            self._push.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
-            self._push.setsockopt(zmq.LINGER, 2000)
         for address in new:
-            self.config.security.check_endpoint(address)
-            self._push.connect(address)
+            if self._push is None:
+                self._push = self._sockets.connect("reward", address, server_key=self._reward_key())
+                self._push.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
+            else:  # one PUSH to every reward worker: ZeroMQ round-robins among them
+                self.config.security.check_endpoint(address)
+                self._push.connect(address)
             self._reward_addresses.add(address)
             log.info("%s: sending groups to reward worker %s", self.worker_id, address)
+
+    def _reward_key(self):
+        """With CURVE: reward workers' public key, ``<keys>/reward.key`` (one shared pair)."""
+        keys = self.config.security.keys_dir
+        if keys is None:
+            return None
+        path = keys / "reward.key"
+        return path if path.is_file() else None
 
     def _on_weights(self, frames: list) -> None:
         try:
