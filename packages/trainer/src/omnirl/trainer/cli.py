@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 
@@ -72,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         log.exception("trainer: cannot set up the run")
         return 1
+
+    def stop(signum, _frame):
+        log.info("trainer: %s received, stopping", signal.Signals(signum).name)
+        server.request_stop()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     return server.run()
 
 

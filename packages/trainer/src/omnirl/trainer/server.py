@@ -111,6 +111,7 @@ class TrainerServer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
         self._future: Future | None = None
         self._shutdown_at: float | None = None
+        self._stop_requested = False
         self._ctx = context or zmq.Context.instance()
         self.addresses: dict[str, str] = {}
         self.output_dir = Path(cfg.run.output_dir)
@@ -201,12 +202,10 @@ class TrainerServer:
                     next_expire = now + 0.25
                 if self._future is not None and self._future.done():
                     self._finish_step()
-                self._maybe_start_step()
-                if (
-                    self._shutdown_at is None
-                    and self.step >= self.cfg.max_steps
-                    and self._future is None
-                ):
+                if not self._stop_requested:
+                    self._maybe_start_step()
+                finished = self.step >= self.cfg.max_steps or self._stop_requested
+                if self._shutdown_at is None and finished and self._future is None:
                     self._begin_shutdown()
                 if self._shutdown_at is not None and time.monotonic() >= self._shutdown_at:
                     break
@@ -221,6 +220,10 @@ class TrainerServer:
         finally:
             self.metrics.close()
             self._close()
+
+    def request_stop(self) -> None:
+        """Finish the running step (if any), tell workers, checkpoint, return (any thread)."""
+        self._stop_requested = True
 
     def _drain(self, sock: zmq.Socket, handler, *, router: bool) -> None:
         for _ in range(INTAKE_BURST):
