@@ -33,8 +33,8 @@ from omnirl.reward.shapes.world import BACKGROUND, COLOURS, ShapeSpec
 MIN_AREA_FRACTION = 0.004  # components below max(4 px, this * H * W) are specks
 POSITION_THRESHOLD = 0.1  # GenEval's position rule (centre offset shrunk by 0.1 * dims)
 CLUTTER_TOL, CLUTTER_MAX = 0.01, 0.10  # fraction of the image in specks / stray pixels
-ROUGHNESS_TOL, ROUGHNESS_MAX = 24.0, 64.0  # RMS distance of the open background to its colour
-BACKGROUND_OFF = 60.0  # estimated background this far from BACKGROUND: not a plain scene
+ROUGHNESS_TOL, ROUGHNESS_MAX = 24.0, 56.0  # RMS distance of the open background to its colour
+BACKGROUND_OFF_TOL, BACKGROUND_OFF_MAX = 20.0, 80.0  # background colour vs. BACKGROUND
 HALF = 0.5  # credit for an object with the right shape or the right colour, not both
 
 
@@ -89,12 +89,12 @@ def _coverage(
 
 def _objects(
     labels: np.ndarray, classes: np.ndarray, alpha: np.ndarray, min_area: int
-) -> tuple[list[Detected], int]:
+) -> tuple[list[Detected], list[int], int]:
     """Objects of one image (``labels``, ``classes`` ``[H, W]``, ``alpha`` ``[H, W, K]``)
     and its speck pixel count."""
     ys, xs = np.nonzero(labels >= 0)
     if len(ys) == 0:
-        return [], 0
+        return [], [], 0
     ids, inverse, areas = np.unique(labels[ys, xs], return_inverse=True, return_counts=True)
     order = np.argsort(inverse, kind="stable")
     starts = np.concatenate([[0], np.cumsum(areas)[:-1]])
@@ -102,7 +102,7 @@ def _objects(
     x1 = np.maximum.reduceat(xs[order], starts)
     y0 = np.minimum.reduceat(ys[order], starts)
     y1 = np.maximum.reduceat(ys[order], starts)
-    objects, speck_pixels = [], 0
+    objects, object_labels, speck_pixels = [], [], 0
     for i, label in enumerate(ids):
         if areas[i] < min_area:
             speck_pixels += int(areas[i])
@@ -116,7 +116,8 @@ def _objects(
             colour, weights = COLOURS[cls], _coverage(labels, classes, alpha, label, cls, box)
         shape, features = classify_shape(weights, mask)
         objects.append(Detected(colour, shape, box, int(areas[i]), features))
-    return objects, speck_pixels
+        object_labels.append(int(label))
+    return objects, object_labels, speck_pixels
 
 
 def relations_between(a: Detected, b: Detected) -> set[str]:
@@ -210,7 +211,7 @@ def _score_one(
         reasons.append(f"clutter {clutter:.3f} > {CLUTTER_TOL}")
     if roughness > ROUGHNESS_TOL:
         reasons.append(f"background roughness {roughness:.1f} > {ROUGHNESS_TOL}")
-    if off > BACKGROUND_OFF:
+    if off > BACKGROUND_OFF_TOL:
         reasons.append(f"background {background.round().tolist()} is not the plain background")
 
     has_relation = spec.relation is not None
@@ -218,7 +219,7 @@ def _score_one(
     partial = credit / (required + has_relation + len(extras))
     partial *= _falloff(clutter, CLUTTER_TOL, CLUTTER_MAX)
     partial *= _falloff(roughness, ROUGHNESS_TOL, ROUGHNESS_MAX)
-    partial *= 0.5 if off > BACKGROUND_OFF else 1.0
+    partial *= _falloff(off, BACKGROUND_OFF_TOL, BACKGROUND_OFF_MAX)
     details = {
         "objects": [
             {"colour": o.colour, "shape": o.shape, "bbox": list(o.bbox), "area": o.area}
@@ -248,14 +249,17 @@ def _as_images(images: Any) -> np.ndarray:
     return images
 
 
-def _far_background(classes: np.ndarray) -> np.ndarray:
-    """Background pixels whose whole 3x3 neighbourhood is background: bool ``[G, H, W]``."""
-    fg = np.pad(classes != BACKGROUND_CLASS, ((0, 0), (1, 1), (1, 1)), constant_values=False)
-    h, w = classes.shape[1:]
-    near = np.zeros(classes.shape, dtype=bool)
+def _open_background(object_mask: np.ndarray) -> np.ndarray:
+    """Pixels at least one pixel away from every object: bool ``[H, W]``.
+
+    Specks and unknown pixels belong to it, so a textured background cannot hide in them.
+    """
+    grown = np.pad(object_mask, 1)
+    h, w = object_mask.shape
+    near = np.zeros_like(object_mask)
     for dy in range(3):
         for dx in range(3):
-            near |= fg[:, dy : dy + h, dx : dx + w]
+            near |= grown[dy : dy + h, dx : dx + w]
     return ~near
 
 
@@ -273,12 +277,11 @@ def score_batch(images: Any, spec: ShapeSpec | dict[str, Any]) -> list[ShapeScor
     background = estimate_background(images)
     classes, bg_distance, alpha = classify_pixels(images, background)
     labels = label_components(classes)
-    open_bg = _far_background(classes)
     scores = []
     for i in range(g):
-        objects, speck_pixels = _objects(labels[i], classes[i], alpha[i], min_area)
+        objects, object_labels, speck_pixels = _objects(labels[i], classes[i], alpha[i], min_area)
         clutter = speck_pixels / (h * w)
-        far = bg_distance[i][open_bg[i]]
+        far = bg_distance[i][_open_background(np.isin(labels[i], object_labels))]
         roughness = float(np.sqrt(np.mean(far**2))) if far.size else ROUGHNESS_MAX
         scores.append(_score_one(objects, clutter, roughness, background[i], spec))
     return scores
