@@ -40,24 +40,31 @@ def per_sample(
     value: float | torch.Tensor, batch: int, device: torch.device, name: str
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A float or a 0-d / [1] / [B] tensor as float32 ``[B]`` on ``device``, and the same
-    values on the host when they were there already (else None)."""
+    values on the host when they were there already (else None).
+
+    A float (or a one-element host tensor) becomes a fill on ``device``, never a host-to-device
+    copy, which would wait for the device's queue."""
     if isinstance(value, torch.Tensor):
-        on_host = value.device.type == "cpu"
-        t = value.detach().to(torch.float32)
+        if value.ndim > 1 or value.numel() not in (1, batch):
+            raise SchedulerInputError(
+                f"{name} must be a float or a [B] tensor with B={batch}, "
+                f"got shape {tuple(value.shape)}"
+            )
+        if value.device.type != "cpu":
+            return value.detach().to(torch.float32).reshape(-1).expand(batch).contiguous(), None
+        host = value.detach().to(torch.float32).reshape(-1)
     else:
         try:
-            t, on_host = torch.tensor(float(value), dtype=torch.float32), True
+            host = torch.tensor([float(value)], dtype=torch.float32)
         except (TypeError, ValueError) as exc:
             raise SchedulerInputError(f"{name} must be a float or a [B] tensor") from exc
-    if t.ndim > 1 or t.numel() not in (1, batch):
-        raise SchedulerInputError(
-            f"{name} must be a float or a [B] tensor with B={batch}, got shape {tuple(t.shape)}"
-        )
-    t = t.reshape(-1).expand(batch)
-    host = t if on_host else None
-    if host is not None and not bool(torch.isfinite(host).all()):
+    if not bool(torch.isfinite(host).all()):
         raise SchedulerInputError(f"{name} must be finite, got {host.tolist()}")
-    return t.to(device).contiguous(), host
+    if host.numel() == 1:
+        on_device = torch.full((batch,), float(host[0]), dtype=torch.float32, device=device)
+    else:
+        on_device = host.to(device)
+    return on_device, host.expand(batch)
 
 
 def check_sigmas(
