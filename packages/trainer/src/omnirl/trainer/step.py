@@ -1,0 +1,353 @@
+"""``TrainStep``: scored trajectory groups in, one optimisation step out, metrics back.
+
+The runtime calls ``metrics = train_step.step(groups, policy_version=v)`` with groups whose
+``rewards`` are set. One call:
+
+1. computes group advantages (the algorithm's estimator) and skips groups whose
+   advantages are all zero;
+2. picks the recorded steps to train (``timestep_fraction`` of the ``K`` recorded window
+   steps, the first ones as flow_grpo or a random subset shared by the batch);
+3. for each optimiser update, recomputes the transitions' log-probs under the current
+   policy, micro-batch by micro-batch and step by step, and accumulates the gradient of
+   the loss averaged over every (sample, trained step) pair of the update;
+4. clips the gradient norm, steps AdamW over the trainable parameters only, updates the EMA.
+
+By default one call is one optimiser update (``inner_epochs = num_minibatches = 1``).
+Shapes: ``N`` trained samples, ``K`` recorded steps, ``B`` rows of a micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnirl.models.base import DiffusionTrainingAdapter
+from omnirl.models.transitions import TransitionBatch, collate_transitions
+from omnirl.protocol.messages import DiffusionTrajectoryGroup
+from omnirl.trainer.algorithms.flow_grpo import REF_PREV_SAMPLE_MEAN, LossInputs
+from omnirl.trainer.algorithms.registry import (
+    AlgorithmSpec,
+    get_advantage,
+    get_algorithm,
+    get_loss,
+)
+from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
+from omnirl.trainer.ema import EMA
+from omnirl.trainer.optim import OptimConfig, build_adamw, trainable
+
+# Fallbacks for the fields an algorithm may set (AlgorithmSpec.defaults), used when
+# neither the caller nor the algorithm gives a value.
+_FALLBACKS: dict[str, Any] = {
+    "clip_range": 1e-4,
+    "adv_clip_max": 5.0,
+    "std": "global",
+    "kl_beta": 0.0,
+    "w_max": 2.0,
+    "timestep_fraction": 1.0,
+    "timestep_selection": "first",
+}
+
+
+class TrainStepInputError(ValueError):
+    """The groups handed to :meth:`TrainStep.step` cannot be trained on; nothing changed."""
+
+
+class TrainStep:
+    """One FlowGRPO-family optimisation step over a batch of scored groups."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Hyper-parameters; ``None`` means the algorithm's default (``AlgorithmSpec.defaults``).
+
+        ``adv_clip_max = inf`` disables the advantage clamp; ``micro_batch_size = 0`` backs up
+        a whole update's samples at once; ``ema_decay`` None or 0 turns the EMA off;
+        ``max_grad_norm`` None or 0 turns clipping off (the norm is still reported).
+        """
+
+        lr: float = 1e-4
+        betas: tuple[float, float] = (0.9, 0.999)
+        weight_decay: float = 1e-4
+        adam_eps: float = 1e-8
+        clip_range: float | None = None
+        adv_clip_max: float | None = None
+        std: str | None = None  # "group" | "global"
+        kl_beta: float | None = None
+        w_max: float | None = None  # truncation of the behaviour importance weight
+        max_grad_norm: float | None = 1.0
+        timestep_fraction: float | None = None  # of the recorded steps, in (0, 1]
+        timestep_selection: str | None = None  # "first" | "random"
+        micro_batch_size: int = 0
+        inner_epochs: int = 1
+        num_minibatches: int = 1  # optimiser updates per inner epoch
+        ema_decay: float | None = None
+        ema_warmup: bool = True
+        seed: int = 0
+
+        @classmethod
+        def from_dict(
+            cls, values: Mapping[str, Any], *, ignore: Sequence[str] = ()
+        ) -> TrainStep.Config:
+            """Build from a mapping (e.g. a config section); unknown keys are refused by name."""
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(values) - names - set(ignore))
+            if unknown:
+                raise TypeError(f"unknown TrainStep.Config keys {unknown}; known: {sorted(names)}")
+            return cls(**{k: v for k, v in values.items() if k in names})
+
+        def resolve(self, spec: AlgorithmSpec) -> TrainStep.Config:
+            """A copy with every ``None`` filled from ``spec.defaults``, then the fallbacks."""
+            names = {f.name for f in dataclasses.fields(self)}
+            bad = sorted(set(spec.defaults) - names)
+            if bad:
+                raise TypeError(f"algorithm {spec.name!r} sets unknown TrainStep fields {bad}")
+            filled = {
+                name: spec.defaults.get(name, fallback)
+                for name, fallback in _FALLBACKS.items()
+                if getattr(self, name) is None
+            }
+            out = dataclasses.replace(self, **filled)
+            out._validate()
+            return out
+
+        def _validate(self) -> None:
+            checks = {
+                "std": self.std in ("group", "global"),
+                "timestep_selection": self.timestep_selection in ("first", "random"),
+                "timestep_fraction": 0 < self.timestep_fraction <= 1,
+                "adv_clip_max": self.adv_clip_max > 0,
+                "micro_batch_size": self.micro_batch_size >= 0,
+                "inner_epochs": self.inner_epochs >= 1,
+                "num_minibatches": self.num_minibatches >= 1,
+                "ema_decay": self.ema_decay is None or 0 <= self.ema_decay < 1,
+                "max_grad_norm": self.max_grad_norm is None or self.max_grad_norm >= 0,
+            }
+            bad = [name for name, ok in checks.items() if not ok]
+            if bad:
+                raise ValueError(
+                    "TrainStep.Config out of range: "
+                    + ", ".join(f"{n}={getattr(self, n)!r}" for n in bad)
+                )
+
+    def __init__(
+        self,
+        adapter: DiffusionTrainingAdapter,
+        algorithm: AlgorithmSpec | str,
+        config: TrainStep.Config | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.spec = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
+        self.config = (config or TrainStep.Config()).resolve(self.spec)
+        cfg = self.config
+        self.estimator = get_advantage(self.spec.advantage)
+        loss_cls = get_loss(self.spec.loss)
+        self.loss = loss_cls(
+            loss_cls.Config(clip_range=cfg.clip_range, kl_beta=cfg.kl_beta, w_max=cfg.w_max)
+        )
+        self.needs_reference = REF_PREV_SAMPLE_MEAN in self.loss.needs()
+        self.params = trainable(adapter.trainable_parameters())
+        self.device = self.params[0].device
+        self.optimizer = build_adamw(
+            self.params,
+            OptimConfig(
+                lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.adam_eps
+            ),
+        )
+        self.ema = (
+            EMA(self.params, decay=cfg.ema_decay, warmup=cfg.ema_warmup) if cfg.ema_decay else None
+        )
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.num_updates = 0
+
+    # ------------------------------------------------------------------------------ public
+
+    def step(
+        self, groups: Sequence[DiffusionTrajectoryGroup], *, policy_version: int
+    ) -> dict[str, float]:
+        """Train on ``groups`` (rewards set) at trainer version ``policy_version``."""
+        start = time.perf_counter()
+        self._check(groups, policy_version)
+        cfg = self.config
+        rewards = [torch.as_tensor(g.rewards.total, dtype=torch.float64) for g in groups]
+        adv = self.estimator(
+            rewards,
+            std=cfg.std,
+            adv_clip_max=None if math.isinf(cfg.adv_clip_max) else cfg.adv_clip_max,
+        )
+        skipped = set(adv.zero_groups)
+        kept = [g for i, g in enumerate(groups) if i not in skipped]
+        metrics = batch_metrics(groups, rewards, adv.advantages, policy_version)
+        metrics["skipped_groups"] = float(len(skipped))
+        acc = MetricsAccumulator()
+        if kept:
+            advantages = torch.cat(
+                [a for i, a in enumerate(adv.advantages) if i not in skipped]
+            ).to(self.device)
+            self._train(kept, advantages, acc)
+        metrics.update(acc.summary())
+        metrics["time_s"] = time.perf_counter() - start
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "generator": self.generator.get_state(),
+            "num_updates": self.num_updates,
+            "algorithm": self.spec.name,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("algorithm", self.spec.name) != self.spec.name:
+            raise ValueError(
+                f"checkpoint is for algorithm {state['algorithm']!r}, this step runs "
+                f"{self.spec.name!r}"
+            )
+        if (state["ema"] is None) != (self.ema is None):
+            raise ValueError("checkpoint and config disagree on whether the EMA is on")
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.generator.set_state(state["generator"])
+        self.num_updates = int(state["num_updates"])
+
+    # ---------------------------------------------------------------------------- private
+
+    def _check(self, groups: Sequence[DiffusionTrajectoryGroup], policy_version: int) -> None:
+        if not groups:
+            raise TrainStepInputError("no groups to train on")
+        num_k = None
+        for g in groups:
+            if g.rewards is None:
+                raise TrainStepInputError(f"group {g.group_id!r} has no rewards")
+            if g.log_probs is None or g.latents is None:
+                raise TrainStepInputError(
+                    f"group {g.group_id!r} carries no recorded transitions; "
+                    f"algorithm {self.spec.name!r} needs log-probs"
+                )
+            size = int(g.latents.shape[0])
+            if len(g.rewards.total) != size:
+                raise TrainStepInputError(
+                    f"group {g.group_id!r} has {len(g.rewards.total)} rewards for {size} samples"
+                )
+            if g.sampling.sde_type != self.spec.sde_type:
+                raise TrainStepInputError(
+                    f"group {g.group_id!r} was sampled with sde_type {g.sampling.sde_type!r}; "
+                    f"algorithm {self.spec.name!r} trains {self.spec.sde_type!r}"
+                )
+            if g.policy_version > policy_version:
+                raise TrainStepInputError(
+                    f"group {g.group_id!r} comes from version {g.policy_version}, newer than "
+                    f"the trainer's {policy_version}"
+                )
+            k = int(g.latents.shape[1])
+            if num_k is not None and k != num_k:
+                raise TrainStepInputError(
+                    f"groups record different numbers of steps ({num_k} and {k})"
+                )
+            num_k = k
+        if not num_k:
+            raise TrainStepInputError("groups record no steps")
+
+    def _trained_steps(self, num_k: int) -> list[int]:
+        n = max(1, int(num_k * self.config.timestep_fraction))
+        if self.config.timestep_selection == "first":
+            return list(range(n))
+        return sorted(torch.randperm(num_k, generator=self.generator)[:n].tolist())
+
+    def _train(
+        self,
+        groups: list[DiffusionTrajectoryGroup],
+        advantages: torch.Tensor,
+        acc: MetricsAccumulator,
+    ) -> None:
+        cfg = self.config
+        steps = self._trained_steps(int(groups[0].latents.shape[1]))
+        batches = {k: collate_transitions(groups, k, device=self.device) for k in steps}
+        num_samples = int(advantages.numel())
+        updates = cfg.inner_epochs * cfg.num_minibatches
+        # With one update per call the parameters cannot change between the start of the
+        # update and the gradient forward, so the proximal log-prob is that forward's own
+        # value, detached: a second no-grad pass would compute the same numbers.
+        prox = None if updates == 1 else self._proximal(batches, num_samples)
+        acc.set_shape(num_samples=num_samples, trained_steps=len(steps))
+        for epoch in range(cfg.inner_epochs):
+            perm = torch.randperm(num_samples, generator=self.generator)
+            for rows in perm.tensor_split(min(cfg.num_minibatches, num_samples)):
+                self._update(batches, rows, advantages, prox, acc, first_epoch=epoch == 0)
+
+    @torch.no_grad()
+    def _proximal(
+        self, batches: dict[int, TransitionBatch], num_samples: int
+    ) -> dict[int, torch.Tensor]:
+        """``log_prob [N]`` per trained step under the parameters at the start of the call."""
+        chunk = self.config.micro_batch_size or num_samples
+        out = {}
+        for k, batch in batches.items():
+            parts = [
+                self.adapter.transition(batch.select(rows), sde_type=self.spec.sde_type).log_prob
+                for rows in torch.arange(num_samples).split(chunk)
+            ]
+            out[k] = torch.cat(parts).detach()
+        return out
+
+    def _update(
+        self,
+        batches: dict[int, TransitionBatch],
+        rows: torch.Tensor,
+        advantages: torch.Tensor,
+        prox: dict[int, torch.Tensor] | None,
+        acc: MetricsAccumulator,
+        *,
+        first_epoch: bool,
+    ) -> None:
+        cfg = self.config
+        sde_type = self.spec.sde_type
+        self.optimizer.zero_grad(set_to_none=True)
+        chunk = cfg.micro_batch_size or len(rows)
+        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
+        for k, batch in batches.items():
+            for micro in rows.split(chunk):
+                mb = batch.select(micro)
+                out = self.adapter.transition(mb, sde_type=sde_type)
+                ref_mean = None
+                if self.needs_reference:
+                    with torch.no_grad(), self.adapter.reference():
+                        ref_mean = self.adapter.transition(mb, sde_type=sde_type).prev_sample_mean
+                prox_k = out.log_prob.detach() if prox is None else prox[k][micro.to(self.device)]
+                res = self.loss(
+                    LossInputs(
+                        log_prob=out.log_prob,
+                        prox_log_prob=prox_k,
+                        behav_log_prob=mb.old_log_probs,
+                        advantages=advantages[micro.to(self.device)],
+                        prev_sample_mean=out.prev_sample_mean,
+                        ref_prev_sample_mean=ref_mean,
+                        std_dev_t=out.std_dev_t,
+                    )
+                )
+                # Weight so the gradient is that of the mean over every (sample, step) pair.
+                weight = len(micro) / (len(rows) * len(batches))
+                (res.loss * weight).backward()
+                totals["loss"] += float(res.loss.detach()) * weight
+                totals["policy_loss"] += float(res.policy_loss) * weight
+                totals["kl"] += float(res.kl) * weight
+                acc.add_samples(res.per_sample)
+                if first_epoch:
+                    acc.add_parity(prox_k - mb.old_log_probs)
+        max_norm = cfg.max_grad_norm or math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+            self.num_updates += 1
+        else:  # never let one bad batch write NaNs into the weights
+            acc.nonfinite_updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        acc.add_update(grad_norm=grad_norm, **totals)
