@@ -1,0 +1,177 @@
+"""CurveZMQ over real tcp sockets: allowed keys deliver, unknown keys deliver nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import socket
+
+import pytest
+import zmq
+
+from omnirl.protocol.auth import InsecureEndpointError, SecurityConfig, generate_keypair
+from omnirl.protocol.messages import Heartbeat
+from omnirl.protocol.sockets import (
+    SocketFactory,
+    SocketOptions,
+    bound_endpoint,
+    recv_message,
+    send_message,
+)
+
+TIMEOUT_MS = 2000
+NOTHING_MS = 400  # how long "nothing arrives" is watched
+OPTIONS = SocketOptions(linger_ms=0)
+
+
+def heartbeat(worker_id: str) -> Heartbeat:
+    return Heartbeat(worker_id=worker_id, role="rollout")
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """server + allowed client keys in ``allowed/``; an intruder's keys elsewhere."""
+    allowed = tmp_path / "allowed"
+    generate_keypair(allowed, "trainer")
+    generate_keypair(allowed, "rollout-0")
+    generate_keypair(tmp_path / "intruder", "rollout-9")
+    return tmp_path
+
+
+def server_factory(keys, **kw) -> SocketFactory:
+    cfg = SecurityConfig(keys_dir=keys / "allowed", name="trainer", **kw)
+    return SocketFactory(cfg, OPTIONS)
+
+
+def client_factory(keys, folder: str, name: str) -> SocketFactory:
+    cfg = SecurityConfig(keys_dir=keys / folder, name=name, server_key=keys / "allowed/trainer.key")
+    return SocketFactory(cfg, OPTIONS)
+
+
+def send_if_possible(sock: zmq.Socket, msg: Heartbeat) -> None:
+    """Send without blocking: a client whose handshake failed may have no pipe to queue on.
+
+    libzmq drops the connection's pipe once the server denies the handshake, so a blocking
+    send from a rejected client would wait forever (real clients use a send timeout).
+    """
+    with contextlib.suppress(zmq.Again):
+        send_message(sock, msg, flags=zmq.NOBLOCK)
+
+
+def non_loopback_ip() -> str | None:
+    """This machine's address on its default route, if it has one (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))
+            ip = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_allowed_key_delivers_and_unknown_key_delivers_nothing(keys, caplog):
+    caplog.set_level(logging.WARNING, logger="omnirl.protocol.auth")
+    with (
+        server_factory(keys) as server_side,
+        client_factory(keys, "allowed", "rollout-0") as good_side,
+        client_factory(keys, "intruder", "rollout-9") as bad_side,
+    ):
+        server = server_side.bind("control", "tcp://127.0.0.1:*")
+        endpoint = bound_endpoint(server)
+
+        intruder = bad_side.connect("control", endpoint)
+        send_if_possible(intruder, heartbeat("intruder"))
+        assert server.poll(NOTHING_MS) == 0, "a message from an unknown key arrived"
+
+        good = good_side.connect("control", endpoint)
+        send_message(good, heartbeat("rollout-0"))
+        got = recv_message(server, timeout_ms=TIMEOUT_MS)
+        assert got.unwrap().worker_id == "rollout-0"
+        # encrypted both ways: the reply reaches the allowed client
+        send_message(server, heartbeat("trainer"), identity=got.identity)
+        assert recv_message(good, timeout_ms=TIMEOUT_MS).unwrap().worker_id == "trainer"
+
+        assert server.poll(NOTHING_MS) == 0  # the intruder's message never comes later
+        auth = server_side.authenticator
+        assert auth is not None and auth.denied >= 1 and auth.allowed >= 1
+    denials = [r for r in caplog.records if "denied" in r.getMessage()]
+    assert denials and "is not in" in denials[0].getMessage()
+
+
+def test_plain_text_client_cannot_reach_a_curve_server(keys):
+    with server_factory(keys) as server_side, SocketFactory(options=OPTIONS) as plain_side:
+        server = server_side.bind("intake", "tcp://127.0.0.1:*")
+        push = plain_side.connect("intake", bound_endpoint(server))
+        send_if_possible(push, heartbeat("plain"))
+        assert server.poll(NOTHING_MS) == 0
+
+
+def test_client_with_the_wrong_server_key_gets_nothing_through(keys):
+    generate_keypair(keys / "elsewhere", "impostor")
+    cfg = SecurityConfig(
+        keys_dir=keys / "allowed", name="rollout-0", server_key=keys / "elsewhere/impostor.key"
+    )
+    with server_factory(keys) as server_side, SocketFactory(cfg, OPTIONS) as client_side:
+        server = server_side.bind("intake", "tcp://127.0.0.1:*")
+        push = client_side.connect("intake", bound_endpoint(server))
+        send_if_possible(push, heartbeat("confused"))
+        assert server.poll(NOTHING_MS) == 0
+
+
+def test_key_added_to_the_allow_list_is_admitted_without_restart(keys, monkeypatch):
+    from omnirl.protocol.auth import AllowListAuthenticator
+
+    monkeypatch.setattr(AllowListAuthenticator, "RELOAD_INTERVAL_S", 0.0)
+    with (
+        server_factory(keys) as server_side,
+        client_factory(keys, "intruder", "rollout-9") as late_side,
+    ):
+        server = server_side.bind("intake", "tcp://127.0.0.1:*")
+        shutil.copy(keys / "intruder/rollout-9.key", keys / "allowed/rollout-9.key")
+        push = late_side.connect("intake", bound_endpoint(server))
+        send_message(push, heartbeat("late-joiner"))
+        assert recv_message(server, timeout_ms=TIMEOUT_MS).unwrap().worker_id == "late-joiner"
+
+
+def test_non_loopback_bind_without_keys_is_refused_and_insecure_allows_it():
+    with SocketFactory(options=OPTIONS) as sockets:
+        with pytest.raises(InsecureEndpointError, match="--insecure"):
+            sockets.bind("control", "tcp://0.0.0.0:0")
+        with pytest.raises(InsecureEndpointError):
+            sockets.connect("intake", "tcp://192.0.2.7:5555")
+        assert sockets.bind("control", "tcp://127.0.0.1:0")  # loopback needs no keys
+
+    addresses = ["tcp://0.0.0.0:0"]
+    ip = non_loopback_ip()
+    if ip is not None:
+        addresses.append(f"tcp://{ip}:0")
+    with SocketFactory(SecurityConfig(insecure=True), OPTIONS) as sockets:
+        for address in addresses:
+            server = sockets.bind("intake", address)
+            port = bound_endpoint(server).rsplit(":", 1)[1]
+            host = "127.0.0.1" if address.startswith("tcp://0.0.0.0") else ip
+            push = sockets.connect("intake", f"tcp://{host}:{port}")
+            send_message(push, heartbeat(address))
+            assert recv_message(server, timeout_ms=TIMEOUT_MS).unwrap().worker_id == address
+
+
+def test_non_loopback_bind_with_keys_is_curve(keys):
+    ip = non_loopback_ip() or "0.0.0.0"
+    with (
+        server_factory(keys) as server_side,
+        client_factory(keys, "allowed", "rollout-0") as client_side,
+    ):
+        server = server_side.bind("intake", f"tcp://{ip}:0")
+        assert server.getsockopt(zmq.CURVE_SERVER) == 1
+        port = bound_endpoint(server).rsplit(":", 1)[1]
+        host = "127.0.0.1" if ip == "0.0.0.0" else ip
+        push = client_side.connect("intake", f"tcp://{host}:{port}")
+        send_message(push, heartbeat("over-curve"))
+        assert recv_message(server, timeout_ms=TIMEOUT_MS).unwrap().worker_id == "over-curve"
+
+
+def test_curve_client_without_a_server_key_is_a_clear_error(keys):
+    cfg = SecurityConfig(keys_dir=keys / "allowed", name="rollout-0")
+    with SocketFactory(cfg, OPTIONS) as sockets, pytest.raises(ValueError, match="--server-key"):
+        sockets.connect("control", "tcp://127.0.0.1:5555")
