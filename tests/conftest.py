@@ -11,3 +11,18 @@ def tiny_sd3_path(tmp_path_factory):
     from omnirl.models.sd3.tiny import make_tiny_sd3
 
     return make_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "model", seed=0)
+
+
+@pytest.fixture
+def torch_one_thread():
+    """Run a test with one torch thread (restored after).
+
+    Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
+    spinning threads per process make them several times slower.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

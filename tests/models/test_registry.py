@@ -20,7 +20,9 @@ from omnirl.models.registry import (
 
 @pytest.fixture
 def clean_tables(monkeypatch):
-    """Run a test against empty copies of the registries (discovery still runs)."""
+    """Run a test against copies of the registries, discovered first so that the copies
+    (thrown away afterwards) are not where the entry points' adapters land."""
+    registry.discover()
     monkeypatch.setattr(registry, "_TRAINING", dict(registry._TRAINING))
     monkeypatch.setattr(registry, "_ROLLOUT", dict(registry._ROLLOUT))
 

@@ -82,7 +82,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
     ) -> SD3RolloutAdapter:
         from diffusers import StableDiffusion3Pipeline
 
-        pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=dtype)
+        pipe = StableDiffusion3Pipeline.from_pretrained(path, dtype=dtype)
         pipe.to(device)
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, device=device, lora=lora, max_sequence_length=max_sequence_length)

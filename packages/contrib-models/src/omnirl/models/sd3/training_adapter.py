@@ -82,7 +82,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
         from diffusers import SD3Transformer2DModel
 
         transformer = SD3Transformer2DModel.from_pretrained(
-            path, subfolder="transformer", torch_dtype=dtype
+            path, subfolder="transformer", dtype=dtype
         )
         scheduler = FlowMatchSDEScheduler.from_pretrained(path, subfolder="scheduler")
         return cls(
@@ -168,7 +168,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
         if self.path is None:
             raise RuntimeError("full fine-tuning reference needs the model path (from_pretrained)")
         ref = SD3Transformer2DModel.from_pretrained(
-            self.path, subfolder="transformer", torch_dtype=self.transformer.dtype
+            self.path, subfolder="transformer", dtype=self.transformer.dtype
         )
         return ref.to(self.device).requires_grad_(False).eval()
 
