@@ -303,14 +303,14 @@ def _decode_header(view: memoryview) -> Header:
         raise TruncatedHeader("frame 0 (the header) is empty")
     try:
         return _HEADER_DECODER.decode(view)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: catch it first
+        raise MalformedHeader(
+            f"header is not a message (a map with 'kind' and 'v' [major, minor]): {exc}"
+        ) from None
     except msgspec.DecodeError as exc:
         if "truncated" in str(exc):
             raise TruncatedHeader(f"header of {view.nbytes} bytes ends mid-value: {exc}") from None
         raise MalformedHeader(f"header is not valid msgpack: {exc}") from None
-    except msgspec.ValidationError as exc:
-        raise MalformedHeader(
-            f"header is not a message (a map with 'kind' and 'v' [major, minor]): {exc}"
-        ) from None
 
 
 def _tensor_ref_hook(type_: type, obj: Any) -> Any:
