@@ -21,7 +21,7 @@ import numpy as np
 MAX_ELONGATION = 2.0
 TRIANGLE_SKEW = 0.3
 SQUARENESS = 1.6  # between the disc's 1.0 and the square's 2.5, nearer the disc (blur)
-MIN_TEMPLATE_IOU = 0.6
+MIN_TEMPLATE_IOU = 0.55
 
 
 def templates(h: int, w: int) -> dict[str, list[np.ndarray]]:

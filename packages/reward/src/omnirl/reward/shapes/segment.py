@@ -66,13 +66,15 @@ def classify_pixels(
     v = to_opponent(images) - to_opponent(background)[:, None, None, :]  # [G, H, W, 3]
     d = to_opponent(_PALETTE_RGB)[None, :, :] - to_opponent(background)[:, None, :]  # [G,K,3]
     dd = np.einsum("gkc,gkc->gk", d, d)  # [G, K]
-    alpha = np.einsum("ghwc,gkc->ghwk", v, d) / dd[:, None, None, :]
-    alpha = np.clip(alpha, 0.0, 1.0)  # [G, H, W, K]
-    residual = np.linalg.norm(v[..., None, :] - alpha[..., None] * d[:, None, None], axis=-1)
+    vd = np.einsum("ghwc,gkc->ghwk", v, d)  # [G, H, W, K]
+    alpha = np.clip(vd / dd[:, None, None, :], 0.0, 1.0)
+    vv = np.einsum("ghwc,ghwc->ghw", v, v)[..., None]
+    # |v - alpha d|^2 expanded, so no [G, H, W, K, 3] array is built
+    residual = np.sqrt(np.maximum(vv - 2 * alpha * vd + alpha**2 * dd[:, None, None, :], 0.0))
     best = residual.argmin(axis=-1)  # [G, H, W]
     best_residual = np.take_along_axis(residual, best[..., None], axis=-1)[..., 0]
     best_alpha = np.take_along_axis(alpha, best[..., None], axis=-1)[..., 0]
-    bg_distance = np.linalg.norm(v, axis=-1)
+    bg_distance = np.sqrt(vv[..., 0])
 
     fits = best_residual <= FIT_RESIDUAL
     classes = np.full(best.shape, UNKNOWN, dtype=np.int8)
