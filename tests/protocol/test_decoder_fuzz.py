@@ -9,17 +9,18 @@ from __future__ import annotations
 import math
 
 import msgspec
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_codec_samples import sample_messages
 
-from omnirl.protocol import decode, decode_header, encode, encoded_size
-from omnirl.protocol.errors import InternalDecodeError, ProtocolError
+from omnirl.protocol import decode, decode_header, encode
+from omnirl.protocol.errors import InternalDecodeError, MalformedHeader, ProtocolError
 from omnirl.protocol.messages import MESSAGE_TYPES, Message
 from omnirl.protocol.tensors import WIRE_DTYPES
 
-SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SAMPLES = [[bytes(f) for f in encode(msg)] for msg in sample_messages()]
 KINDS = [cls.__struct_config__.tag for cls in MESSAGE_TYPES]
 FIELDS = {cls.__struct_config__.tag: cls.__struct_fields__ for cls in MESSAGE_TYPES}
@@ -170,13 +171,10 @@ def test_mutated_tensor_references(data):
 
 
 def test_deeply_nested_header_is_refused():
-    nested: list = []
-    for _ in range(20_000):
-        nested = [nested]
     header = msgspec.msgpack.decode(SAMPLES[1][0])  # a Welcome: config is dict[str, Any]
     header["config"] = {"deep": "x"}
     raw = msgspec.msgpack.encode(header)
-    deep = b"\x91" * 20_000 + b"\xc0"  # 20k nested one-element arrays around nil
+    deep = b"\x91" * 5_000 + b"\xc0"  # 5k nested one-element arrays around nil
     raw = raw.replace(msgspec.msgpack.encode("x"), deep)
-    decodes_or_refuses([raw])
-    assert encoded_size([raw]) == len(raw)
+    with pytest.raises(MalformedHeader, match="nests values too deeply"):
+        decode([raw])
