@@ -54,7 +54,7 @@ class Topology(msgspec.Struct, kw_only=True):
 
     control: str  # ROUTER on the trainer: leases, heartbeats, acks
     intake: str  # PULL on the trainer: scored trajectory groups
-    weights: str  # PUB on the trainer: weight updates
+    weights: str  # ROUTER on the trainer: weight requests and weight update chunks
     reward: list[str] = []  # PULL of each reward worker (rollout workers send groups here)
 
 
