@@ -175,3 +175,11 @@ def test_curve_client_without_a_server_key_is_a_clear_error(keys):
     cfg = SecurityConfig(keys_dir=keys / "allowed", name="rollout-0")
     with SocketFactory(cfg, OPTIONS) as sockets, pytest.raises(ValueError, match="--server-key"):
         sockets.connect("control", "tcp://127.0.0.1:5555")
+
+
+def test_missing_keys_are_a_clear_error(tmp_path):
+    cfg = SecurityConfig(keys_dir=tmp_path / "nowhere", name="trainer")
+    with SocketFactory(cfg, OPTIONS) as sockets:
+        with pytest.raises(ValueError, match="cannot read key pair"):
+            sockets.bind("control", "tcp://127.0.0.1:*")
+        assert sockets.authenticator is None

@@ -98,7 +98,8 @@ class SocketFactory:
     """Makes role-named sockets on one context under one :class:`SecurityConfig`.
 
     Owns the context's ZAP authenticator (started at the first CURVE bind) and every
-    socket it made; :meth:`close` closes them all (use it as a context manager).
+    socket it made; :meth:`close` closes them all (use it as a context manager). A
+    context has one ZAP handler, so give each CURVE factory its own context (the default).
 
     >>> with SocketFactory(SecurityConfig()) as sockets:
     ...     intake = sockets.bind("intake", "tcp://127.0.0.1:*")
@@ -129,10 +130,13 @@ class SocketFactory:
         address without keys (unless ``insecure``).
         """
         endpoint = self.security.check_endpoint(address)
-        sock = self._socket(socket_types(role)[0], ipv6=endpoint.is_ipv6)
+        socket_type = socket_types(role)[0]
         if self.security.curve:
+            keys = self._keypair()
             self._ensure_authenticator()
-            make_curve_server(sock, self._keypair())
+        sock = self._socket(socket_type, ipv6=endpoint.is_ipv6)
+        if self.security.curve:
+            make_curve_server(sock, keys)
         try:
             sock.bind(address)
         except zmq.ZMQError as e:
@@ -149,9 +153,12 @@ class SocketFactory:
         to ``security.server_key``. Needed only with CURVE.
         """
         endpoint = self.security.check_endpoint(address)
-        sock = self._socket(socket_types(role)[1], ipv6=endpoint.is_ipv6)
+        socket_type = socket_types(role)[1]
         if self.security.curve:
-            make_curve_client(sock, self._keypair(), self._server_public(server_key))
+            keys, server_public = self._keypair(), self._server_public(server_key)
+        sock = self._socket(socket_type, ipv6=endpoint.is_ipv6)
+        if self.security.curve:
+            make_curve_client(sock, keys, server_public)
         try:
             sock.connect(address)
         except zmq.ZMQError as e:
