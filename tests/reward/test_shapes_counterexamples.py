@@ -161,3 +161,16 @@ def test_partial_credit_orders_near_misses():
     off_by_one = score(render(_replace(spec, 0, count=n - 1 if n > 1 else 2), 32, 0), spec).partial
     nothing = score(np.full((32, 32, 3), 240, np.uint8), spec).partial
     assert right == 1.0 > off_by_one > nothing == 0.0
+
+
+def test_tiny_objects_do_not_count():
+    """Four 3 x 3 dots are not "four squares": too small to have a shape, so extras."""
+    for n_seed in range(6):
+        rng = np.random.default_rng(n_seed)
+        spec = ShapeSpec("counting", (ShapeObject(4, None, "square"),))
+        image = np.full((32, 32, 3), BACKGROUND, dtype=np.uint8)
+        for _ in range(4):
+            y, x = _free_spot(image, 3, rng)
+            image[y : y + 3, x : x + 3] = PALETTE[COLOURS[int(rng.integers(6))]]
+        result = _assert_wrong(image, spec, 0.0)
+        assert {o["shape"] for o in result.details["objects"]} == {"unknown"}

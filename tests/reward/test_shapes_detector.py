@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from omnirl.reward.shapes.detector import ShapeImageError, score, score_batch
+from omnirl.reward.shapes.measure import blur, gaussian_noise
 from omnirl.reward.shapes.render import render
 from omnirl.reward.shapes.world import CATEGORIES, ShapeSpecError, generate_prompts
 
@@ -15,21 +16,6 @@ def _specs(per_category: int, seed: int) -> list:
         for split in ("train", "heldout"):
             out += generate_prompts(per_category // 2, split, seed=seed, categories=(category,))
     return out
-
-
-def gaussian_noise(image: np.ndarray, sigma: float, seed: int) -> np.ndarray:
-    noise = np.random.default_rng(seed).normal(0.0, sigma, image.shape)
-    return np.clip(np.rint(image + noise), 0, 255).astype(np.uint8)
-
-
-def blur(image: np.ndarray) -> np.ndarray:
-    """Separable [1, 2, 1] / 4 blur (a Gaussian of sigma ~0.7 px), edges replicated."""
-    f = image.astype(np.float32)
-    p = np.pad(f, ((1, 1), (0, 0), (0, 0)), mode="edge")
-    f = 0.25 * p[:-2] + 0.5 * p[1:-1] + 0.25 * p[2:]
-    p = np.pad(f, ((0, 0), (1, 1), (0, 0)), mode="edge")
-    f = 0.25 * p[:, :-2] + 0.5 * p[:, 1:-1] + 0.25 * p[:, 2:]
-    return np.clip(np.rint(f), 0, 255).astype(np.uint8)
 
 
 def _strict_rate(specs, size, transform=lambda image, i: image, group=4) -> dict[str, float]:

@@ -179,3 +179,25 @@ def test_generation_is_deterministic_and_balanced():
     heldout = generate_prompts(601, "heldout", seed=3)
     assert len(heldout) == 601
     assert all(split_of(s) == "heldout" for s in heldout if s.category != "single_object")
+
+
+def test_text_parses_back_to_the_spec():
+    for spec in _every_spec():
+        assert ShapeSpec.from_text(spec.text) == spec
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a photo of a dog",
+        "a photo of two circle",
+        "a photo of a red circles",
+        "a photo of five circles",
+        "a picture of a circle",
+        "a photo of a red circle and a square",
+        "a photo of a red circle and a blue square and a green triangle",
+    ],
+)
+def test_foreign_text_is_a_typed_error(text):
+    with pytest.raises(ShapeSpecError):
+        ShapeSpec.from_text(text)

@@ -31,6 +31,9 @@ from omnirl.reward.shapes.segment import (
 from omnirl.reward.shapes.world import BACKGROUND, COLOURS, ShapeSpec
 
 MIN_AREA_FRACTION = 0.004  # components below max(4 px, this * H * W) are specks
+# Objects below this (x H x W) are too small to have a shape: unknown, so they never match
+# (12 px at 32 x 32; the renderer's smallest triangle has about 20).
+MIN_SHAPE_FRACTION = 0.012
 POSITION_THRESHOLD = 0.1  # GenEval's position rule (centre offset shrunk by 0.1 * dims)
 CLUTTER_TOL, CLUTTER_MAX = 0.01, 0.10  # fraction of the image in specks / stray pixels
 ROUGHNESS_TOL, ROUGHNESS_MAX = 24.0, 56.0  # RMS distance of the open background to its colour
@@ -88,10 +91,10 @@ def _coverage(
 
 
 def _objects(
-    labels: np.ndarray, classes: np.ndarray, alpha: np.ndarray, min_area: int
+    labels: np.ndarray, classes: np.ndarray, alpha: np.ndarray, min_area: int, min_shape: int
 ) -> tuple[list[Detected], list[int], int]:
-    """Objects of one image (``labels``, ``classes`` ``[H, W]``, ``alpha`` ``[H, W, K]``)
-    and its speck pixel count."""
+    """Objects of one image (``labels``, ``classes`` ``[H, W]``, ``alpha`` ``[H, W, K]``),
+    their component labels, and the image's speck pixel count."""
     ys, xs = np.nonzero(labels >= 0)
     if len(ys) == 0:
         return [], [], 0
@@ -114,7 +117,10 @@ def _objects(
             colour, weights = "unknown", mask.astype(np.float64)
         else:
             colour, weights = COLOURS[cls], _coverage(labels, classes, alpha, label, cls, box)
-        shape, features = classify_shape(weights, mask)
+        if areas[i] >= min_shape:
+            shape, features = classify_shape(weights, mask)
+        else:
+            shape, features = "unknown", {}
         objects.append(Detected(colour, shape, box, int(areas[i]), features))
         object_labels.append(int(label))
     return objects, object_labels, speck_pixels
@@ -274,12 +280,15 @@ def score_batch(images: Any, spec: ShapeSpec | dict[str, Any]) -> list[ShapeScor
         spec = ShapeSpec.from_metadata(spec)
     g, h, w, _ = images.shape
     min_area = max(4, round(MIN_AREA_FRACTION * h * w))
+    min_shape = max(min_area, round(MIN_SHAPE_FRACTION * h * w))
     background = estimate_background(images)
     classes, bg_distance, alpha = classify_pixels(images, background)
     labels = label_components(classes)
     scores = []
     for i in range(g):
-        objects, object_labels, speck_pixels = _objects(labels[i], classes[i], alpha[i], min_area)
+        objects, object_labels, speck_pixels = _objects(
+            labels[i], classes[i], alpha[i], min_area, min_shape
+        )
         clutter = speck_pixels / (h * w)
         far = bg_distance[i][_open_background(np.isin(labels[i], object_labels))]
         roughness = float(np.sqrt(np.mean(far**2))) if far.size else ROUGHNESS_MAX

@@ -148,6 +148,48 @@ class ShapeSpec:
             relation=metadata.get("relation"),
         )
 
+    @classmethod
+    def from_text(cls, text: str) -> ShapeSpec:
+        """Parse a prompt written by :attr:`text` back into its spec (the category follows
+        from the grammar); for callers that only have the text. :class:`ShapeSpecError` if
+        ``text`` is not a ShapesEval prompt."""
+        if not isinstance(text, str) or not text.startswith(_PREFIX):
+            raise ShapeSpecError(f"not a ShapesEval prompt: {text!r}")
+        body = text[len(_PREFIX) :]
+        relation = next((r for r in RELATIONS if f" {r} " in body), None)
+        parts = body.split(f" {relation} " if relation else " and ")
+        objects = tuple(_parse_phrase(p, text) for p in parts)
+        coloured = [o.colour is not None for o in objects]
+        if relation is not None:
+            category = "position"
+        elif len(objects) == 2:
+            if any(coloured) and not all(coloured):
+                raise ShapeSpecError(f"either both objects have a colour or neither: {text!r}")
+            category = "color_attr" if all(coloured) else "two_object"
+        elif objects[0].count > 1:
+            category = "counting"
+        else:
+            category = "colors" if coloured[0] else "single_object"
+        return cls(category=category, objects=objects, relation=relation)
+
+
+_PREFIX = "a photo of "
+_COUNT_WORDS = {"a": 1, **{word: n for n, word in NUMBER_WORDS.items() if n > 1}}
+_SINGULARS = {plural: shape for shape, plural in PLURALS.items()}
+
+
+def _parse_phrase(phrase: str, text: str) -> ShapeObject:
+    words = phrase.split(" ")
+    if len(words) not in (2, 3) or words[0] not in _COUNT_WORDS:
+        raise ShapeSpecError(f"cannot read {phrase!r} in {text!r}")
+    count = _COUNT_WORDS[words[0]]
+    colour = words[1] if len(words) == 3 else None
+    noun = words[-1]
+    shape = noun if count == 1 else _SINGULARS.get(noun)
+    if shape is None or (count == 1 and noun not in SHAPES):
+        raise ShapeSpecError(f"cannot read the shape {noun!r} in {text!r}")
+    return ShapeObject(count=count, colour=colour, shape=shape)
+
 
 def _validate(spec: ShapeSpec) -> None:
     if spec.category not in CATEGORIES:
