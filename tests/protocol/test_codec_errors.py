@@ -284,3 +284,20 @@ def test_errors_are_protocol_errors_with_refusal_codes_and_pickle():
     again = pickle.loads(pickle.dumps(info.value))
     assert type(again) is VersionMismatch and str(again) == str(info.value)
     assert again.peer == (2, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_finite_check_every_float_dtype(dtype):
+    from omnirl.protocol.tensors import count_non_finite
+
+    big = torch.full((64, 3), torch.finfo(dtype).max, dtype=dtype)  # finite; its sum is not
+    assert count_non_finite(big) == 0
+    assert count_non_finite(big.t()) == 0  # strided views too
+    bad = big.clone()
+    bad[3, 1], bad[7, 0], bad[9, 2] = float("nan"), float("inf"), -float("inf")
+    assert count_non_finite(bad) == 3
+    assert count_non_finite(bad[:, 1:].t()) == 2
+    group = token_group()
+    group.log_probs = bad
+    with pytest.raises(NonFiniteValue, match="3 of 192 elements"):
+        encode(group)
