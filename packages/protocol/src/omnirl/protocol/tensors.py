@@ -156,9 +156,15 @@ def tensor_from_frame(ref: TensorRef, buffer: memoryview, *, field: str) -> torc
             flat = torch.frombuffer(buffer, dtype=dtype)
     else:
         flat = torch.frombuffer(buffer, dtype=dtype)
-    if wire.name == "bool" and int(flat.view(torch.uint8).max()) > 1:
+    if wire.name == "bool" and _max_byte(buffer) > 1:
         raise BadFrame(f"field {field!r}: bool frame {ref.frame} holds bytes other than 0 and 1")
     return flat.view(ref.shape)
+
+
+def _max_byte(buffer: memoryview) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(buffer, dtype=np.uint8).max())
 
 
 def check_tensor_finite(tensor: torch.Tensor, *, field: str) -> None:
