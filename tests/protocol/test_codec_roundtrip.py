@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -192,6 +193,9 @@ def test_zero_copy_over_real_zmq_frames(transport):
         again = decode(pull.recv_multipart(copy=False))
         assert again.rewards.total == [1.0, 0.0]
         assert torch.equal(again.latents, group.latents)
+        del received, forwarded, again  # the decoded tensor alone keeps its zmq.Frame alive
+        gc.collect()
+        assert torch.equal(out.latents, group.latents)
     finally:
         ctx.destroy(linger=0)
 
