@@ -230,3 +230,17 @@ def test_protocol_imports_and_codes_without_torch():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_frames_sliced_from_one_buffer_at_odd_offsets():
+    """A recording holds frames back to back: views at unaligned offsets decode in place."""
+    group = token_group()
+    frames = [bytes(f) for f in encode(group)]
+    blob = bytearray(b"\x00" + b"".join(frames))
+    views, offset = [], 1
+    for frame in frames:
+        views.append(memoryview(blob)[offset : offset + len(frame)])
+        offset += len(frame)
+    out = decode(views)
+    assert torch.equal(out.log_probs, group.log_probs)
+    assert out.log_probs.data_ptr() == address(views[4])
