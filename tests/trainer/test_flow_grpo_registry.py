@@ -89,7 +89,5 @@ def test_importing_the_registry_imports_no_algorithm():
         "import sys, omnirl.trainer.algorithms.registry as r\n"
         "assert 'omnirl.trainer.algorithms.flow_grpo' not in sys.modules\n"
         "assert 'torch' not in sys.modules\n"
-        "r.get_algorithm('flow_grpo')\n"
-        "assert 'omnirl.trainer.algorithms.flow_grpo' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -29,6 +29,16 @@ METRICS = frozenset(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tiny model gains nothing from intra-op threads, and on a shared 2-core machine
+    their synchronisation makes each forward pass 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _sample(rollout, algorithm: str, *, num_steps=3, window=(0, 2)):
     spec = get_algorithm(algorithm)
     sampling = SamplingParams(
