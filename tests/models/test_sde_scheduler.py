@@ -173,6 +173,31 @@ def test_recomputed_log_prob_reproduces_sampled_one(sde_type, model_dtype):
     assert torch.equal(old.prev_sample_mean, new.prev_sample_mean)
 
 
+@pytest.mark.parametrize("sde_type", [*STOCHASTIC, "ode"])
+def test_step_is_bitwise_the_same_for_shared_and_per_sample_arguments(sde_type):
+    """A mixed batch ([B] sigmas and noise levels: float64 tensor coefficients) and each sample
+    alone (Python floats: host coefficients) give bitwise the same step."""
+    sched = make_scheduler(10)
+    _, x, v, s, sn, a = random_batch(sched, batch=6, seed=11)
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(12))
+    kw = {"sde_type": sde_type, "noise_level": a}
+    batch = sched.sde_step(v, x, s, sn, noise=noise, **kw)
+    for i in range(6):
+        one = sched.sde_step(
+            v[i : i + 1], x[i : i + 1], float(s[i]), float(sn[i]), sde_type=sde_type,
+            noise_level=float(a[i]), noise=noise[i : i + 1],
+        )  # fmt: skip
+        for name in ("prev_sample", "log_prob", "prev_sample_mean", "std_dev_t", "step_std"):
+            assert torch.equal(getattr(one, name)[0], getattr(batch, name)[i]), (name, i)
+    # a float noise level and the same value as a float32 tensor are the same input
+    as_float = sched.sde_step(v, x, s[0], sn[0], noise=noise, sde_type=sde_type, noise_level=0.7)
+    as_tensor = sched.sde_step(
+        v, x, s[0], sn[0], noise=noise, sde_type=sde_type, noise_level=torch.tensor([0.7] * 6)
+    )
+    assert torch.equal(as_float.log_prob, as_tensor.log_prob)
+    assert torch.equal(as_float.prev_sample, as_tensor.prev_sample)
+
+
 def test_log_prob_gradient_flows_to_model_output_only_through_the_mean():
     sched = make_scheduler(10)
     _, x, v, s, sn, _ = random_batch(sched, seed=5)

@@ -1,9 +1,11 @@
 """Argument checks of ``FlowMatchSDEScheduler.sde_step``.
 
 Values (ranges, finiteness) are checked only where they are on the host (Python floats, CPU
-tensors): checking a GPU tensor's values would force a device sync on every step, stalling
-the sampling loop. Dtypes and shapes are always checked.
+tensors), in plain Python: checking a GPU tensor's values would force a device sync on every
+step, stalling the sampling loop. Dtypes and shapes are always checked.
 """
+
+import math
 
 import torch
 
@@ -36,54 +38,30 @@ def require_model_output(model_output: object, shape: torch.Size) -> torch.Tenso
     return model_output.to(torch.float32)
 
 
-def per_sample(
-    value: float | torch.Tensor, batch: int, device: torch.device, name: str
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A float or a 0-d / [1] / [B] tensor as float32 ``[B]`` on ``device``, and the same
-    values on the host when they were there already (else None).
-
-    A float (or a one-element host tensor) becomes a fill on ``device``, never a host-to-device
-    copy, which would wait for the device's queue."""
-    if isinstance(value, torch.Tensor):
-        if value.ndim > 1 or value.numel() not in (1, batch):
-            raise SchedulerInputError(
-                f"{name} must be a float or a [B] tensor with B={batch}, "
-                f"got shape {tuple(value.shape)}"
-            )
-        if value.device.type != "cpu":
-            return value.detach().to(torch.float32).reshape(-1).expand(batch).contiguous(), None
-        host = value.detach().to(torch.float32).reshape(-1)
-    else:
-        try:
-            host = torch.tensor([float(value)], dtype=torch.float32)
-        except (TypeError, ValueError) as exc:
-            raise SchedulerInputError(f"{name} must be a float or a [B] tensor") from exc
-    if not bool(torch.isfinite(host).all()):
-        raise SchedulerInputError(f"{name} must be finite, got {host.tolist()}")
-    if host.numel() == 1:
-        on_device = torch.full((batch,), float(host[0]), dtype=torch.float32, device=device)
-    else:
-        on_device = host.to(device)
-    return on_device, host.expand(batch)
+def check_finite(values: list[float], name: str) -> None:
+    if not all(math.isfinite(v) for v in values):
+        raise SchedulerInputError(f"{name} must be finite, got {values}")
 
 
-def check_sigmas(
-    sigma: torch.Tensor | None, sigma_next: torch.Tensor | None, positive: bool
-) -> None:
+def check_sigmas(sigma: list[float] | None, sigma_next: list[float] | None, positive: bool) -> None:
     """``0 <= sigma_next <= sigma <= 1`` (``sigma > 0`` when ``positive``), on host values."""
-    if sigma is not None and (bool((sigma > 1).any()) or bool((sigma < 0).any())):
-        raise SchedulerInputError(f"sigma must be in [0, 1], got {sigma.tolist()}")
-    if sigma_next is not None and (bool((sigma_next > 1).any()) or bool((sigma_next < 0).any())):
-        raise SchedulerInputError(f"sigma_next must be in [0, 1], got {sigma_next.tolist()}")
-    if sigma is not None and sigma_next is not None and bool((sigma_next > sigma).any()):
-        raise SchedulerInputError("sigmas must satisfy 0 <= sigma_next <= sigma <= 1")
-    if positive and sigma is not None and bool((sigma <= 0).any()):
+    if sigma is not None and not all(0.0 <= s <= 1.0 for s in sigma):
+        raise SchedulerInputError(f"sigma must be in [0, 1], got {sigma}")
+    if sigma_next is not None and not all(0.0 <= s <= 1.0 for s in sigma_next):
+        raise SchedulerInputError(f"sigma_next must be in [0, 1], got {sigma_next}")
+    if sigma is not None and sigma_next is not None:
+        n = max(len(sigma), len(sigma_next))
+        s_all = sigma * n if len(sigma) == 1 else sigma
+        sn_all = sigma_next * n if len(sigma_next) == 1 else sigma_next
+        if any(sn > s for s, sn in zip(s_all, sn_all, strict=True)):
+            raise SchedulerInputError("sigmas must satisfy 0 <= sigma_next <= sigma <= 1")
+    if positive and sigma is not None and not all(s > 0 for s in sigma):
         raise SchedulerInputError("a stochastic step needs sigma > 0")
 
 
-def check_noise_level(noise_level: torch.Tensor | None) -> None:
-    if noise_level is not None and bool((noise_level < 0).any()):
-        raise SchedulerInputError(f"noise_level must be >= 0, got {noise_level.tolist()}")
+def check_noise_level(noise_level: list[float] | None) -> None:
+    if noise_level is not None and not all(a >= 0 for a in noise_level):
+        raise SchedulerInputError(f"noise_level must be >= 0, got {noise_level}")
 
 
 def check_sigma_max(sigma_max: float | None) -> float | None:

@@ -6,7 +6,6 @@ explicitly (``[B]``, so one batch may mix steps, as the trainer's recomputation 
 keeps no step counter. See ``docs/algorithms.md`` for every formula and its source.
 """
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,12 +13,11 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-from omnirl.models.schedulers import checks, sde_formulas, window
+from omnirl.models.schedulers import checks, step_operands, window
 from omnirl.models.schedulers.errors import SchedulerInputError
 
 SDEType = Literal["sde", "cps", "dance_sde", "ode"]
 SDE_TYPES: tuple[str, ...] = ("sde", "cps", "dance_sde", "ode")
-_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,85 +96,71 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
         if x.ndim < 2:
             raise SchedulerInputError(f"sample must be [B, ...], got shape {tuple(x.shape)}")
         v = checks.require_model_output(model_output, x.shape)
-        batch, device = x.shape[0], x.device
-        view = (batch,) + (1,) * (x.ndim - 1)
-        s, s_host = checks.per_sample(sigma, batch, device, "sigma")
-        s_next, s_next_host = checks.per_sample(sigma_next, batch, device, "sigma_next")
-        checks.check_sigmas(s_host, s_next_host, positive=sde_type != "ode")
-        sv, snv = s.view(view), s_next.view(view)
-
-        if sde_type == "ode":
-            mean, std_dev_t, step_std = sde_formulas.ode_step(x, v, sv, snv)
-            a_host = torch.zeros(1)
-        else:
-            if noise_level is None:
-                raise SchedulerInputError(f"noise_level is required for sde_type={sde_type!r}")
-            a, a_host = checks.per_sample(noise_level, batch, device, "noise_level")
-            checks.check_noise_level(a_host)
-            a = a.view(view)
-            if sde_type == "sde":
-                smax = self._sde_sigma_max(sigma_max, s_host)
-                mean, std_dev_t, step_std = sde_formulas.flow_sde_step(x, v, sv, snv, a, smax)
-            elif sde_type == "cps":
-                mean, std_dev_t, step_std = sde_formulas.cps_step(x, v, sv, snv, a)
-            else:
-                mean, std_dev_t, step_std = sde_formulas.dance_sde_step(x, v, sv, snv, a)
-        std_dev_t = std_dev_t.reshape(batch)
-        step_std = step_std.reshape(batch)
-
         if prev_sample is not None:
             prev_sample = checks.require_fp32(prev_sample, "prev_sample", x.shape)
-        else:
-            # known on the host to be deterministic: no noise to draw (never a device sync)
-            deterministic = a_host is not None and not bool((a_host > 0).any())
-            if noise is None and not deterministic:
-                noise = randn_tensor(
-                    x.shape, generator=generator, device=device, dtype=torch.float32
-                )
-            if noise is None or sde_type == "ode":
-                prev_sample = mean
-            else:
-                noise = checks.require_fp32(noise, "noise", x.shape)
-                prev_sample = mean + step_std.view(view) * noise
+        batch, device = x.shape[0], x.device
+        view = (batch,) + (1,) * (x.ndim - 1)
+        s = step_operands.resolve(sigma, batch, "sigma")
+        s_next = step_operands.resolve(sigma_next, batch, "sigma_next")
+        checks.check_sigmas(
+            s if isinstance(s, list) else None,
+            s_next if isinstance(s_next, list) else None,
+            positive=sde_type != "ode",
+        )
 
         if sde_type == "ode":
+            mean = x + v * step_operands.ode_dt(s, s_next, batch, device, view)
+            zeros = torch.zeros(batch, dtype=torch.float32, device=device)
+            return SDEStepOutput(
+                prev_sample=mean if prev_sample is None else prev_sample,
+                log_prob=zeros,
+                prev_sample_mean=mean,
+                std_dev_t=zeros,
+                step_std=zeros,
+            )
+
+        if noise_level is None:
+            raise SchedulerInputError(f"noise_level is required for sde_type={sde_type!r}")
+        a = step_operands.resolve(noise_level, batch, "noise_level")
+        checks.check_noise_level(a if isinstance(a, list) else None)
+        smax = self._sde_sigma_max(sigma_max, s) if sde_type == "sde" else 0.0
+        op = step_operands.stochastic(sde_type, s, s_next, a, smax, batch, device, view)
+        mean = x * op.c_x + v * op.c_v
+
+        if prev_sample is None:
+            if op.deterministic:
+                prev_sample = mean
+            else:
+                if noise is None:
+                    noise = randn_tensor(
+                        x.shape, generator=generator, device=device, dtype=torch.float32
+                    )
+                noise = checks.require_fp32(noise, "noise", x.shape)
+                prev_sample = mean + op.step_std * noise
+
+        if op.deterministic:
             log_prob = torch.zeros(batch, dtype=torch.float32, device=device)
         else:
-            log_prob = _log_prob(sde_type, prev_sample, mean, step_std.view(view))
+            diff = prev_sample.detach() - mean
+            msq = (diff * diff).mean(dim=tuple(range(1, x.ndim)))
+            log_prob = msq * op.lp_scale - op.lp_shift
         return SDEStepOutput(
             prev_sample=prev_sample,
             log_prob=log_prob,
             prev_sample_mean=mean,
-            std_dev_t=std_dev_t,
-            step_std=step_std,
+            std_dev_t=op.std_dev_t_b,
+            step_std=op.step_std_b,
         )
 
-    def _sde_sigma_max(self, sigma_max: float | None, sigma_host: torch.Tensor | None) -> float:
+    def _sde_sigma_max(self, sigma_max: float | None, sigma: list[float] | torch.Tensor) -> float:
         sigma_max = checks.check_sigma_max(sigma_max)
         if sigma_max is None:
             sigma_max = self.default_sde_sigma_max
         if sigma_max is not None:
             return sigma_max
-        if sigma_host is not None and not bool((sigma_host == 1).any()):
+        if isinstance(sigma, list) and 1.0 not in sigma:
             return 0.0  # never used: no sigma equals 1
         raise SchedulerInputError(
             "an sde step that may start at sigma = 1 needs sigma_max: "
             "call set_timesteps or pass sigma_max"
         )
-
-
-def _log_prob(
-    sde_type: str, prev_sample: torch.Tensor, mean: torch.Tensor, step_std: torch.Tensor
-) -> torch.Tensor:
-    """``[B]`` log-prob averaged over non-batch dims; 0 where ``step_std`` is 0."""
-    dims = tuple(range(1, prev_sample.ndim))
-    diff2 = (prev_sample.detach() - mean) ** 2
-    stochastic = step_std > 0
-    if sde_type == "cps":
-        per_elem = -diff2  # the CPS surrogate: no variance scaling, no constants
-    else:
-        # a stand-in std of 1 where deterministic keeps NaN out of the value and the gradient
-        std = torch.where(stochastic, step_std, torch.ones_like(step_std))
-        per_elem = -diff2 / (2 * std**2) - torch.log(std) - _LOG_SQRT_2PI
-    log_prob = per_elem.mean(dim=dims)
-    return torch.where(stochastic.flatten(), log_prob, torch.zeros_like(log_prob))
