@@ -35,17 +35,15 @@ from omnirl.protocol.errors import (
 from omnirl.protocol.messages import MESSAGE_TYPES, Message
 from omnirl.protocol.tensor_type import Tensor, TensorRef
 from omnirl.protocol.tensors import (
-    MAX_NDIM,
     check_number_finite,
     tensor_from_frame,
+    tensor_ref_hook,
     tensor_to_frame,
 )
 from omnirl.protocol.version import PROTOCOL_VERSION
 
 DEFAULT_MAX_BYTES = 1 << 30
 """Default limit on a message's total size (all frames), 1 GiB."""
-
-_MAX_ELEMENTS = 1 << 62  # bound on prod(max(dim, 1)): keeps strides inside int64
 
 Frame = Any  # zmq.Frame | bytes | bytearray | memoryview | any C-contiguous buffer
 
@@ -88,7 +86,7 @@ class Codec:
         self._type_of: dict[str, type] = {kind: cls for cls, kind in self._kind_of.items()}
         self._plans = _build_plans(types)
         self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(Union[types], dec_hook=_tensor_ref_hook)  # noqa: UP007
+        self._decoder = msgspec.msgpack.Decoder(Union[types], dec_hook=tensor_ref_hook)  # noqa: UP007
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -311,33 +309,6 @@ def _decode_header(view: memoryview) -> Header:
         if "truncated" in str(exc):
             raise TruncatedHeader(f"header of {view.nbytes} bytes ends mid-value: {exc}") from None
         raise MalformedHeader(f"header is not valid msgpack: {exc}") from None
-
-
-def _tensor_ref_hook(type_: type, obj: Any) -> Any:
-    """msgspec decode hook: a ``Tensor`` field's ``[frame, dtype, shape]`` -> TensorRef.
-
-    TypeError / ValueError raised here come back from msgspec as a ValidationError naming
-    the field's path; the codec turns that into MalformedHeader.
-    """
-    if type_ is not Tensor:
-        raise TypeError(f"no decoder for {type_!r}")
-    if not (isinstance(obj, list) and len(obj) == 3):
-        raise ValueError("a tensor reference must be [frame, dtype, shape]")
-    frame, dtype, shape = obj
-    if type(frame) is not int:
-        raise ValueError("a tensor reference's frame must be an integer")
-    if not isinstance(dtype, str):
-        raise ValueError("a tensor reference's dtype must be a string")
-    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
-        raise ValueError(f"a tensor shape must be a list of at most {MAX_NDIM} integers")
-    elements = 1
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            raise ValueError("a tensor shape must hold non-negative integers")
-        elements *= max(dim, 1)
-        if elements > _MAX_ELEMENTS:
-            raise ValueError(f"a tensor shape {shape} is too large")
-    return TensorRef(frame, dtype, tuple(shape))
 
 
 def _build_plans(types: tuple[type, ...]) -> dict[type, _Plan]:

@@ -27,13 +27,15 @@ from omnirl.protocol.errors import (
     TorchUnavailable,
     UnsupportedDtype,
 )
-from omnirl.protocol.tensor_type import TensorRef
+from omnirl.protocol.tensor_type import Tensor, TensorRef
 
 if TYPE_CHECKING:
     import torch
 
 MAX_NDIM = 32
-"""Most dimensions a wire tensor may have (a bound on header-driven work)."""
+"""Most dimensions a wire tensor may have."""
+MAX_ELEMENTS = 1 << 62
+"""Bound on the product of a wire shape's non-zero dimensions (strides stay in int64)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,34 @@ def tensor_to_frame(
     # view(uint8) needs at least one dimension; reshape(-1) of a contiguous tensor is a view.
     flat = t.reshape(-1).view(torch.uint8).numpy()
     return TensorRef(frame, name, tuple(t.shape)), memoryview(flat)
+
+
+def tensor_ref_hook(type_: type, obj: Any) -> Any:
+    """msgspec decode hook: a ``Tensor`` field's ``[frame, dtype, shape]`` -> TensorRef.
+
+    TypeError / ValueError raised here come back from msgspec as a ValidationError naming
+    the field's path; the codec turns that into MalformedHeader. Bounds on the shape keep
+    the work a header can ask for (and torch's int64 strides) finite.
+    """
+    if type_ is not Tensor:
+        raise TypeError(f"no decoder for {type_!r}")
+    if not (isinstance(obj, list) and len(obj) == 3):
+        raise ValueError("a tensor reference must be [frame, dtype, shape]")
+    frame, dtype, shape = obj
+    if type(frame) is not int:
+        raise ValueError("a tensor reference's frame must be an integer")
+    if not isinstance(dtype, str):
+        raise ValueError("a tensor reference's dtype must be a string")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise ValueError(f"a tensor shape must be a list of at most {MAX_NDIM} integers")
+    elements = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ValueError("a tensor shape must hold non-negative integers")
+        elements *= max(dim, 1)
+        if elements > MAX_ELEMENTS:
+            raise ValueError(f"a tensor shape {shape} is too large")
+    return TensorRef(frame, dtype, tuple(shape))
 
 
 def tensor_from_frame(ref: TensorRef, buffer: memoryview, *, field: str) -> torch.Tensor:
