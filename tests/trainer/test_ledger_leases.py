@@ -156,3 +156,19 @@ def test_state_round_trip_reissues_in_flight_and_keeps_exactly_once():
     # a surviving worker's copy of the pre-checkpoint lease still counts once
     assert isinstance(resumed.accept("e0:i2", b.lease_id, 0, 1), Accepted)
     assert isinstance(resumed.accept("e0:i2", again.lease_id, 1, 1), Duplicate)
+
+
+def test_state_counts_stay_in_step_with_the_groups():
+    from collections import Counter
+
+    led, fresh = _ledger(groups_per_step=3, max_staleness=1, lease_timeout_s=1.0), _fresh()
+    led.heartbeat("w", 0.0)
+    a = led.issue("w", 3, 0.0, policy_version=0, fresh=fresh)
+    led.accept("e0:i0", a.lease_id, 0, 0)
+    led.accept("e0:i1", a.lease_id, 0, 2)  # stale: back to pending
+    led.mark_trained(["e0:i0"])
+    led.heartbeat("w", 2.0)
+    led.expire(2.0)
+    led.issue("w", 2, 2.0, policy_version=1, fresh=fresh)
+    assert led.states == Counter(g.state for g in led.groups.values())
+    assert led.in_flight() == 2

@@ -125,7 +125,7 @@ class RuntimeConfig:
     intake_port: int = 0  # 0: pick
     lease_timeout_s: float = 300.0
     heartbeat_interval_s: float = 2.0
-    heartbeat_timeout_s: float = 10.0
+    heartbeat_timeout_s: float = 30.0  # generous: a loaded CPU host stalls imports for long
     max_message_bytes: int = 1 << 30
     weight_chunk_bytes: int = 64 << 20
     max_reissues: int = 5  # a group reissued more often than this is abandoned (counted)

@@ -135,9 +135,11 @@ class PromptSource:
     def __init__(self, records: list[dict[str, Any]], *, shuffle: bool = True, seed: int = 0):
         self.dataset = PromptDataset(records)
         self.sampler = EpochSampler(len(records), shuffle=shuffle, seed=seed)
-        self.loader = StatefulDataLoader(
-            self.dataset, sampler=self.sampler, batch_size=None, collate_fn=_as_is, num_workers=0
-        )
+        with warnings.catch_warnings():  # torchdata calls a deprecated torch API here
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            self.loader = StatefulDataLoader(
+                self.dataset, sampler=self.sampler, batch_size=None, collate_fn=_as_is
+            )
         self._it: Iterator[PromptSpec] | None = None
 
     @classmethod

@@ -126,6 +126,7 @@ class Ledger:
         self.groups: dict[str, GroupRecord] = {}
         self.pending: OrderedDict[str, None] = OrderedDict()  # group_ids to (re)issue, FIFO
         self.counters: Counter[str] = Counter()
+        self.states: Counter[str] = Counter()  # groups per state, kept in step with .groups
         self._lease_seq = itertools.count()
         self._generation = 0  # bumped on every resume so lease ids never repeat
 
@@ -157,7 +158,7 @@ class Ledger:
     # ----------------------------------------------------------------------------- leases
     def in_flight(self) -> int:
         """Groups issued or accepted but not yet trained (what the lease budget bounds)."""
-        return sum(1 for g in self.groups.values() if g.state in ("issued", "accepted"))
+        return self.states["issued"] + self.states["accepted"]
 
     def budget(self) -> int:
         return self.groups_per_step * (self.max_staleness + 1) - self.in_flight()
@@ -187,7 +188,7 @@ class Ledger:
             prompt = fresh()
             if prompt.group_id in self.groups:  # the data source wrapped onto a live id
                 raise ValueError(f"fresh prompt {prompt.group_id!r} is already in the ledger")
-            self.groups[prompt.group_id] = GroupRecord(prompt, "pending")
+            self._add(GroupRecord(prompt, "pending"))
             prompts.append(prompt)
             self.counters["groups_issued"] += 1
         lease_id = f"{self.run_id}:g{self._generation}:l{next(self._lease_seq)}"
@@ -202,7 +203,8 @@ class Ledger:
         )
         for p in prompts:
             g = self.groups[p.group_id]
-            g.state, g.lease_id = "issued", lease_id
+            self._move(g, "issued")
+            g.lease_id = lease_id
             g.issues += 1
         self.leases[lease_id] = lease
         self.counters["leases_issued"] += 1
@@ -234,6 +236,15 @@ class Ledger:
             expired.append(lease.lease_id)
         return expired
 
+    def _add(self, g: GroupRecord) -> None:
+        self.groups[g.prompt.group_id] = g
+        self.states[g.state] += 1
+
+    def _move(self, g: GroupRecord, state: str) -> None:
+        self.states[g.state] -= 1
+        self.states[state] += 1
+        g.state = state
+
     def _close(self, lease: LeaseRecord, *, requeue: bool) -> None:
         del self.leases[lease.lease_id]
         if requeue:
@@ -244,10 +255,11 @@ class Ledger:
     def _requeue(self, gid: str) -> bool:
         g = self.groups[gid]
         if g.issues > self.max_reissues:
-            g.state = "abandoned"
+            self._move(g, "abandoned")
             self.counters["groups_abandoned"] += 1
             return False
-        g.state, g.lease_id = "pending", ""
+        self._move(g, "pending")
+        g.lease_id = ""
         self.pending[gid] = None
         return True
 
@@ -291,13 +303,13 @@ class Ledger:
                 reissued = self._requeue(group_id)
             return Stale(group_id, staleness, reissued)
         self._settle(group_id)
-        g.state = "accepted"
+        self._move(g, "accepted")
         self.counters["groups_accepted"] += 1
         return Accepted(group_id, staleness)
 
     def mark_trained(self, group_ids: list[str]) -> None:
         for gid in group_ids:
-            self.groups[gid].state = "trained"
+            self._move(self.groups[gid], "trained")
         self.counters["groups_trained"] += len(group_ids)
 
     def requeue_accepted(self, group_ids: list[str]) -> None:
@@ -333,15 +345,16 @@ class Ledger:
         self.leases.clear()
         self.workers.clear()
         self.groups = {}
+        self.states = Counter()
         for kind in ("trained", "abandoned"):
             for gid in state[kind]:
-                self.groups[gid] = GroupRecord(PromptSpec(group_id=gid, text=""), kind)
+                self._add(GroupRecord(PromptSpec(group_id=gid, text=""), kind))
         self.pending = OrderedDict()
         for r in state["open"]:
             prompt = PromptSpec(
                 group_id=r["group_id"], text=r["text"], metadata=dict(r["metadata"])
             )
-            self.groups[prompt.group_id] = GroupRecord(prompt, "pending", issues=int(r["issues"]))
+            self._add(GroupRecord(prompt, "pending", issues=int(r["issues"])))
             self.pending[prompt.group_id] = None
         self.counters = Counter(state["counters"])
         self._generation = int(state["generation"]) + 1
@@ -349,7 +362,7 @@ class Ledger:
 
     # ----------------------------------------------------------------------------- status
     def summary(self) -> dict[str, int]:
-        states = Counter(g.state for g in self.groups.values())
+        states = self.states
         return {
             "leases_in_flight": len(self.leases),
             "groups_pending": len(self.pending),

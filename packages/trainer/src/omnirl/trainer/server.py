@@ -63,6 +63,7 @@ from omnirl.trainer.publisher import WeightPublisher
 log = logging.getLogger("omnirl.trainer")
 
 ADDRESS_FILE = "trainer.addr"
+MAX_STEP_FAILURES = 3  # consecutive failed optimisation steps end the run (exit code 1)
 INTAKE_BURST = 512  # intake messages handled per loop iteration before serving control again
 
 
@@ -104,7 +105,11 @@ class TrainerServer:
         self.version = 0
         self.step = 0
         self.buffer: list[Any] = []
-        self.rewards: dict[str, str] = {}  # reward worker id -> its PULL address
+        self.rewards: dict[str, str] = {}  # live reward worker id -> its PULL address
+        self.control_peers: dict[str, bytes] = {}  # worker id -> its control routing id
+        self._welcomed_rewards: set[str] = set()
+        self._worker_config = to_container(cfg)
+        self.known: dict[str, tuple[str, str]] = {}  # every worker that said Hello: role, address
         self.weight_peers: dict[bytes, str] = {}  # weights routing id -> worker id
         self.counters: dict[str, int] = {"control_rejected": 0, "weights_rejected": 0}
         self._rr = 0
@@ -112,6 +117,8 @@ class TrainerServer:
         self._future: Future | None = None
         self._shutdown_at: float | None = None
         self._stop_requested = False
+        self._failures_in_a_row = 0
+        self.exit_code = 0  # 1 when the run had to stop on repeated step failures
         self._ctx = context or zmq.Context.instance()
         self.addresses: dict[str, str] = {}
         self.output_dir = Path(cfg.run.output_dir)
@@ -216,7 +223,7 @@ class TrainerServer:
                 self.version,
                 self.ledger.summary(),
             )
-            return 0
+            return self.exit_code
         finally:
             self.metrics.close()
             self._close()
@@ -264,31 +271,42 @@ class TrainerServer:
         elif isinstance(msg, Hello):
             self._on_hello(peer, msg, now)
         elif isinstance(msg, LeaseRequest | Heartbeat):
-            if msg.worker_id not in self.ledger.workers:
+            if msg.worker_id not in self.ledger.workers and not self._readmit(msg.worker_id, now):
                 reason = f"worker {msg.worker_id!r} is not registered (send Hello)"
-                self._reply(
-                    self.control,
-                    peer,
-                    Refusal(code="unknown_worker", reason=reason, ref=msg.worker_id),
-                )
+                refusal = Refusal(code="unknown_worker", reason=reason, ref=msg.worker_id)
+                self._reply(self.control, peer, refusal)
                 return
+            role = self.ledger.workers[msg.worker_id].role
+            self.control_peers[msg.worker_id] = peer
             if isinstance(msg, Heartbeat):
                 self.ledger.heartbeat(
                     msg.worker_id,
                     now,
-                    role=msg.role,
+                    role=role,
                     policy_version=msg.policy_version,
                     leases=msg.leases,
                 )
             else:
-                self.ledger.heartbeat(
-                    msg.worker_id, now, role=self.ledger.workers[msg.worker_id].role
-                )
+                self.ledger.heartbeat(msg.worker_id, now, role=role)
                 self._reply(self.control, peer, self._lease_for(msg, now))
         else:
             self.counters["control_rejected"] += 1
             reason = f"{type(msg).__name__} is not a control request"
             self._reply(self.control, peer, Refusal(code="unexpected_kind", reason=reason))
+
+    def _readmit(self, worker_id: str, now: float) -> bool:
+        """A worker declared lost that speaks again (a long stall, not a death): take it
+        back without a new Hello. Its leases were reissued; its late groups count once."""
+        known = self.known.get(worker_id)
+        if known is None:
+            return False
+        role, address = known
+        self.ledger.heartbeat(worker_id, now, role=role)
+        if role == "reward":
+            self.rewards[worker_id] = address
+        self.ledger.counters["workers_readmitted"] += 1
+        log.info("%s worker %s is back", role, worker_id)
+        return True
 
     def _on_hello(self, peer: bytes, msg: Hello, now: float) -> None:
         if msg.role not in ("rollout", "reward", "client", "tap"):
@@ -300,6 +318,7 @@ class TrainerServer:
                 self._reply(self.control, peer, Refusal(code="bad_hello", reason=reason))
                 return
             self.rewards[msg.worker_id] = msg.address
+        self.known[msg.worker_id] = (msg.role, msg.address)
         self.ledger.heartbeat(msg.worker_id, now, role=msg.role)
         log.info(
             "%s worker %s joined%s",
@@ -307,8 +326,14 @@ class TrainerServer:
             msg.worker_id,
             f" ({msg.address})" if msg.address else "",
         )
-        welcome = Welcome(
-            worker_id=msg.worker_id,
+        self.control_peers[msg.worker_id] = peer
+        self._reply(self.control, peer, self._welcome(msg.worker_id))
+        if msg.role == "reward" and msg.address not in self._welcomed_rewards:
+            self._rewelcome_rollouts()
+
+    def _welcome(self, worker_id: str) -> Welcome:
+        return Welcome(
+            worker_id=worker_id,
             run_id=self.run_id,
             topology=Topology(
                 control=self.addresses["control"],
@@ -320,9 +345,18 @@ class TrainerServer:
             model_path=self.backend.model_path,
             architecture=self.backend.architecture,
             heartbeat_interval_s=self.cfg.runtime.heartbeat_interval_s,
-            config=to_container(self.cfg),
+            config=self._worker_config,
         )
-        self._reply(self.control, peer, welcome)
+
+    def _rewelcome_rollouts(self) -> None:
+        """A new reward worker: send every live rollout worker a Welcome with the new
+        topology, so that a rollout that joined before any reward worker learns where to
+        send its groups (a repeated Welcome only adds addresses on the worker's side)."""
+        self._welcomed_rewards = set(self.rewards.values())
+        for w in self.ledger.live_workers("rollout"):
+            peer = self.control_peers.get(w.worker_id)
+            if peer is not None:
+                self._reply(self.control, peer, self._welcome(w.worker_id))
 
     def _lease_for(self, req: LeaseRequest, now: float) -> Lease | Refusal:
         if not self.rewards:
@@ -434,7 +468,13 @@ class TrainerServer:
             )
             self.counters["step_failures"] = self.counters.get("step_failures", 0) + 1
             self.ledger.requeue_accepted([g.group_id for g in batch])
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row >= MAX_STEP_FAILURES:
+                log.error("%d optimisation steps in a row failed; stopping", MAX_STEP_FAILURES)
+                self.exit_code = 1
+                self.request_stop()
             return
+        self._failures_in_a_row = 0
         step_s = time.perf_counter() - self._step_started
         self.ledger.mark_trained([g.group_id for g in batch])
         staleness = [self.version - g.policy_version for g in batch]
@@ -480,7 +520,10 @@ class TrainerServer:
         log.info("checkpoint %s (step %d, version %d)", path, self.step, self.version)
 
     def _begin_shutdown(self) -> None:
-        log.info("max_steps=%d reached; telling workers to shut down", self.cfg.max_steps)
+        why = (
+            "stop requested" if self._stop_requested else f"max_steps={self.cfg.max_steps} reached"
+        )
+        log.info("%s at step %d; telling workers to shut down", why, self.step)
         self._shutdown_at = time.monotonic() + self.cfg.runtime.shutdown_grace_s
 
     # --------------------------------------------------------------------------- status
