@@ -72,14 +72,12 @@ def per_sample_noise(
     seed_values = _seed_list(seeds)
     device = torch.device(device) if device is not None else torch.device("cpu")
     gen_device = torch.device(generator_device) if generator_device is not None else device
-    rows = []
-    for seed in seed_values:
-        gen = torch.Generator(device=gen_device)
+    out = torch.empty((len(seed_values), *shape), device=gen_device, dtype=torch.float32)
+    gen = torch.Generator(device=gen_device)  # reseeded per sample: one stream per (seed, step)
+    for i, seed in enumerate(seed_values):
         gen.manual_seed(stream_key(seed, step_index))
-        rows.append(torch.randn(shape, generator=gen, device=gen_device, dtype=torch.float32))
-    if not rows:
-        return torch.empty((0, *shape), device=device, dtype=dtype)
-    return torch.stack(rows).to(device=device, dtype=dtype)
+        torch.randn(shape, generator=gen, out=out[i])
+    return out.to(device=device, dtype=dtype)
 
 
 def initial_noise(
