@@ -57,12 +57,16 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         *,
         device: torch.device | str,
         lora: dict[str, Any] | None = None,
-        max_sequence_length: int = 256,
+        max_sequence_length: int | None = None,
     ):
         self.pipeline = pipeline
         self.transformer = pipeline.transformer
+        self.model_dtype = self.transformer.dtype
         self.device = torch.device(device)
         self.scheduler = FlowMatchSDEScheduler.from_config(pipeline.scheduler.config)
+        if max_sequence_length is None:  # the pipeline's 256, or less if T5's tokenizer is shorter
+            t5 = getattr(pipeline, "tokenizer_3", None)
+            max_sequence_length = min(256, t5.model_max_length) if t5 is not None else 256
         self.max_sequence_length = max_sequence_length
         self.lora_config: dict[str, Any] | None = None
         if lora is not None:
@@ -78,7 +82,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         lora: dict[str, Any] | None = None,
-        max_sequence_length: int = 256,
+        max_sequence_length: int | None = None,
     ) -> SD3RolloutAdapter:
         from diffusers import StableDiffusion3Pipeline
 
@@ -211,6 +215,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                 noise_level=float(levels[i]),
                 sigma_max=sigma_max,
                 noise=noise,
+                model_dtype=self.model_dtype,
             )
             if stochastic and sampling.record_latents:
                 rec_x.append(x)

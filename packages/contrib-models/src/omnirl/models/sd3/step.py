@@ -79,14 +79,18 @@ def guided_velocity(
     timesteps: Tensor,
     cond: SD3Conditioning,
     guidance_scale: float,
+    *,
+    model_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The (classifier-free guided) velocity ``v`` float32 ``[B, C, H, W]``.
 
     ``latents`` float32 ``[B, C, H, W]``, ``timesteps`` float32 ``[B]``. With CFG the
     unconditional and conditional rows go through one forward of ``2B`` rows (unconditional
     first, as diffusers does) and combine in float32: ``v_u + s * (v_c - v_u)``.
+    ``model_dtype``: the dtype inputs are cast to (default ``transformer.dtype``, which walks
+    the module tree on every call; adapters pass it cached).
     """
-    dtype = transformer.dtype
+    dtype = model_dtype if model_dtype is not None else transformer.dtype
     if cond.do_cfg:
         hidden = torch.cat([latents, latents])
         t = torch.cat([timesteps, timesteps])
@@ -122,6 +126,7 @@ def sd3_step(
     sigma_max: float,
     noise: Tensor | None = None,
     prev_sample: Tensor | None = None,
+    model_dtype: torch.dtype | None = None,
 ) -> SDEStepOutput:
     """One transition ``x(sigma) -> x(sigma_next)`` with its log-prob (see ``sde_step``).
 
@@ -129,7 +134,9 @@ def sd3_step(
     ``[B]``; ``noise`` (rollout) or ``prev_sample`` (trainer) float32 ``[B, C, H, W]``;
     ``sigma_max`` is the schedule's ``sigmas[1]`` (the ``sde`` variance at sigma = 1).
     """
-    velocity = guided_velocity(transformer, latents, timesteps, cond, guidance_scale)
+    velocity = guided_velocity(
+        transformer, latents, timesteps, cond, guidance_scale, model_dtype=model_dtype
+    )
     return scheduler.sde_step(
         velocity,
         latents,

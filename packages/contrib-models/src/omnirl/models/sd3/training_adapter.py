@@ -51,6 +51,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
         path: str | Path | None = None,
     ):
         self.transformer = transformer
+        self.model_dtype = transformer.dtype  # before LoRA: adapter weights may be float32
         self.scheduler = scheduler
         self.device = torch.device(device)
         self.path = Path(path) if path is not None else None
@@ -141,6 +142,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             noise_level=batch.noise_levels.to(dev),
             sigma_max=self._schedule_sigma_max(batch),
             prev_sample=batch.next_latents.to(dev),
+            model_dtype=self.model_dtype,
         )
 
     @contextlib.contextmanager
