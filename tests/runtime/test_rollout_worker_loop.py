@@ -134,7 +134,7 @@ def test_rollout_worker_versions_leases_and_heartbeats():
         with pytest.raises(TimeoutError):
             control(LeaseRequest, timeout_s=1.0)
         _publish(trainer, w_ident, 0, 10)
-        _, req = control(LeaseRequest)
+        control(LeaseRequest)
         assert EVENTS[:2] == [("build", {"r": 2}), ("apply", 10.0)]
         trainer.send(trainer.control, ident, _lease(1, 0))
         time.sleep(0.2)  # sampling lease 1 now; version 1 arrives in the middle of it
@@ -148,7 +148,7 @@ def test_rollout_worker_versions_leases_and_heartbeats():
         assert any("L1" in b.leases for b in beats) or any(
             "L1" in b.leases for b in [control(Heartbeat)[1]]
         )
-        _, req = control(LeaseRequest)
+        control(LeaseRequest)
         # A lease needing version 2 waits until version 2 has arrived whole.
         trainer.send(trainer.control, ident, _lease(2, 2))
         time.sleep(0.5)
@@ -164,9 +164,9 @@ def test_rollout_worker_versions_leases_and_heartbeats():
             ("sample", "L1", 0, 10.0),
             ("sample", "L2", 2, 30.0),
         ]
-        _, req = control(LeaseRequest)
+        control(LeaseRequest)
         trainer.send(trainer.control, ident, Refusal(code="no_work", reason="wait"))
-        _, req = control(LeaseRequest)  # asks again after a short back-off
+        control(LeaseRequest)  # asks again after a short back-off
         _, beat = control(Heartbeat)
         assert beat.policy_version == 2 and beat.stats["weights_version"] == 2.0
         assert beat.stats["leases_done"] == 2.0 and beat.stats["weights_digest"] > 0

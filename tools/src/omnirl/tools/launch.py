@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace",
         type=float,
-        default=20.0,
+        default=60.0,
         help="seconds a stopped process gets before it is killed",
     )
 
@@ -120,7 +120,7 @@ class Launcher:
     num_reward: int = 1
     num_rollout: int = 1
     address_timeout_s: float = 300.0
-    grace_s: float = 20.0
+    grace_s: float = 60.0
     out: TextIO = field(default_factory=lambda: sys.stdout)
     children: list[Child] = field(default_factory=list)
     address: str = ""

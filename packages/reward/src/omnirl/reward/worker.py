@@ -77,6 +77,7 @@ class RewardWorker:
 
     def run(self) -> int:
         cfg = self.config
+        _preload_torch()  # decoding a group's tensors needs torch: import it before we register
         sockets = SocketFactory(
             cfg.security, SocketOptions(max_bytes=cfg.max_bytes), context=self._context
         )
@@ -93,7 +94,7 @@ class RewardWorker:
         hello_sent_at = -1e9
         next_beat = 0.0
         lost_since: float | None = None
-        started = time.monotonic()
+        self._unwelcomed_since = time.monotonic()
         try:
             while not self._stop:
                 now = time.monotonic()
@@ -106,7 +107,7 @@ class RewardWorker:
                 unreachable_since = (
                     lost_since
                     if lost_since is not None
-                    else (started if self._welcome is None else None)
+                    else (self._unwelcomed_since if self._welcome is None else None)
                 )
                 if (
                     unreachable_since is not None
@@ -126,7 +127,8 @@ class RewardWorker:
                             log.warning("%s: lost the trainer's control socket", self.worker_id)
                         elif event == zmq.EVENT_CONNECTED and lost_since is not None:
                             lost_since = None
-                            self._welcome, hello_sent_at = None, -1e9  # register again
+                            self._unwelcome()
+                            hello_sent_at = -1e9  # register again
                     elif sock is control:
                         code = self._on_control(control.recv_multipart(copy=False))
                         if code is not None:
@@ -207,7 +209,7 @@ class RewardWorker:
                 log.info("%s: trainer shut down: %s", self.worker_id, msg.reason)
                 return EXIT_OK
             if msg.code in ("unknown_worker", "not_registered"):
-                self._welcome = None
+                self._unwelcome()
             elif self._welcome is None:
                 log.error(
                     "%s: trainer refused registration (%s): %s",
@@ -219,6 +221,11 @@ class RewardWorker:
             else:
                 log.warning("%s: refusal %s: %s", self.worker_id, msg.code, msg.reason)
         return None
+
+    def _unwelcome(self) -> None:
+        """Forget the registration (register again); the trainer-lost clock starts now."""
+        self._welcome = None
+        self._unwelcomed_since = time.monotonic()
 
     def _hello(self) -> Hello:
         return Hello(role="reward", worker_id=self.worker_id, address=self.address)
@@ -235,3 +242,8 @@ class RewardWorker:
                 "malformed": float(c.malformed),
             },
         )
+
+
+def _preload_torch() -> None:
+    """Import torch now: a first import inside the loop can stall heartbeats for many seconds."""
+    import torch  # noqa: F401  (the reward package depends on torch)

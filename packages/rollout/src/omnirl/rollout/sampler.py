@@ -58,8 +58,10 @@ class SamplerThread:
         self._pending -= len(out)
         return out
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop after the running job (if any); wait up to ``timeout_s`` for it."""
         self._jobs.put(None)
+        self._thread.join(timeout_s)
 
     def _run(self) -> None:
         while True:

@@ -132,7 +132,7 @@ class RolloutWorker:
             cfg.device,
             cfg.dtype,
         )
-        started = time.monotonic()
+        self._unwelcomed_since = time.monotonic()
         hello_sent_at = -1e9
         lost_since: float | None = None
         next_beat = 0.0
@@ -148,7 +148,7 @@ class RolloutWorker:
                 unreachable = (
                     lost_since
                     if lost_since is not None
-                    else (started if self._welcome is None else None)
+                    else (self._unwelcomed_since if self._welcome is None else None)
                 )
                 if unreachable is not None and now - unreachable > cfg.trainer_timeout_s:
                     log.error(
@@ -166,7 +166,8 @@ class RolloutWorker:
                         elif event == zmq.EVENT_CONNECTED and lost_since is not None:
                             lost_since = None
                             log.info("%s: trainer back, registering again", self.worker_id)
-                            self._welcome, hello_sent_at = None, -1e9
+                            self._unwelcome()
+                            hello_sent_at = -1e9
                             self._lease_requested_at = None
                     elif sock is self._control:
                         code = self._on_control(self._control.recv_multipart(copy=False))
@@ -269,10 +270,10 @@ class RolloutWorker:
                 self._connect_rewards([msg.reward_address])
             self._leases.append(msg)
             log.info(
-                "%s: lease %s (%d prompt groups, version >= %d)",
+                "%s: lease %s: groups %s (version >= %d)",
                 self.worker_id,
                 msg.lease_id,
-                len(msg.prompts),
+                " ".join(p.group_id for p in msg.prompts),
                 msg.policy_version,
             )
             return None
@@ -289,7 +290,8 @@ class RolloutWorker:
                     self.worker_id,
                     msg.reason,
                 )
-                self._welcome, self._lease_requested_at = None, None
+                self._unwelcome()
+                self._lease_requested_at = None
             elif self._welcome is None:
                 log.error(
                     "%s: trainer refused registration (%s): %s",
@@ -439,6 +441,11 @@ class RolloutWorker:
                 group.group_id,
                 self.config.send_timeout_s,
             )
+
+    def _unwelcome(self) -> None:
+        """Forget the registration (register again); the trainer-lost clock starts now."""
+        self._welcome = None
+        self._unwelcomed_since = time.monotonic()
 
     def _hello(self) -> Hello:
         caps = Capabilities(backends=["diffusers"], device=self.config.device)
