@@ -227,6 +227,10 @@ def test_bad_groups_are_refused_before_anything_changes(tiny_sd3_path, groups_by
         step.step(groups_by_sde["sde"], policy_version=-1)
     with pytest.raises(TrainStepInputError, match="no groups"):
         step.step([], policy_version=0)
+    a, b = groups_by_sde["sde"]
+    other_window = msgspec.structs.replace(b, step_indices=b.step_indices - 1)
+    with pytest.raises(TrainStepInputError, match="window"):
+        step.step([a, other_window], policy_version=0)
     assert step.num_updates == 0
     with pytest.raises(ValueError, match="timestep_fraction"):
         TrainStep(_trainer(tiny_sd3_path), "flow_grpo", TrainStep.Config(timestep_fraction=0))

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from omnirl.models.base import DiffusionTrainingAdapter
-from omnirl.models.transitions import TransitionBatch, collate_transitions
+from omnirl.models.transitions import TransitionBatch, TransitionBatchError, collate_transitions
 from omnirl.protocol.messages import DiffusionTrajectoryGroup
 from omnirl.trainer.algorithms.flow_grpo import REF_PREV_SAMPLE_MEAN, LossInputs
 from omnirl.trainer.algorithms.registry import (
@@ -102,10 +102,12 @@ class TrainStep:
 
         def resolve(self, spec: AlgorithmSpec) -> TrainStep.Config:
             """A copy with every ``None`` filled from ``spec.defaults``, then the fallbacks."""
-            names = {f.name for f in dataclasses.fields(self)}
-            bad = sorted(set(spec.defaults) - names)
+            bad = sorted(set(spec.defaults) - set(_FALLBACKS))
             if bad:
-                raise TypeError(f"algorithm {spec.name!r} sets unknown TrainStep fields {bad}")
+                raise TypeError(
+                    f"algorithm {spec.name!r} sets TrainStep fields {bad}; an algorithm may "
+                    f"set only {sorted(_FALLBACKS)}"
+                )
             filled = {
                 name: spec.defaults.get(name, fallback)
                 for name, fallback in _FALLBACKS.items()
@@ -268,7 +270,10 @@ class TrainStep:
     ) -> None:
         cfg = self.config
         steps = self._trained_steps(int(groups[0].latents.shape[1]))
-        batches = {k: collate_transitions(groups, k, device=self.device) for k in steps}
+        try:
+            batches = {k: collate_transitions(groups, k, device=self.device) for k in steps}
+        except TransitionBatchError as err:  # e.g. groups sampled with different windows
+            raise TrainStepInputError(str(err)) from err
         num_samples = int(advantages.numel())
         updates = cfg.inner_epochs * cfg.num_minibatches
         # With one update per call the parameters cannot change between the start of the
