@@ -1,7 +1,7 @@
 """TrainStep on the tiny SD3: rollout and trainer agree on-policy, and one step moves the policy.
 
 Sizes are the smallest that exercise everything (2 groups x 2 samples, 3 steps, an SDE
-window of 2, no CFG) because every forward pass costs CPU time on a shared machine.
+window of 2; CFG only for cps) because every forward pass costs CPU time on a shared machine.
 """
 
 import math
@@ -39,12 +39,12 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _sample(rollout, algorithm: str, *, num_steps=3, window=(0, 2)):
+def _sample(rollout, algorithm: str, *, num_steps=3, window=(0, 2), guidance_scale=1.0):
     spec = get_algorithm(algorithm)
     sampling = SamplingParams(
         group_size=2,
         num_steps=num_steps,
-        guidance_scale=1.0,
+        guidance_scale=guidance_scale,
         height=32,
         width=32,
         sde_window=window,
@@ -84,7 +84,7 @@ def groups_by_sde(tiny_sd3_path):
     # at sigma = 1, where the sde step's variance needs its special case.
     return {
         "sde": _sample(rollout, "flow_grpo", window=(1, 3)),
-        "cps": _sample(rollout, "flow_grpo_cps"),
+        "cps": _sample(rollout, "flow_grpo_cps", guidance_scale=4.5),  # with CFG
         "dance_sde": _sample(rollout, "dance_grpo"),
     }
 
