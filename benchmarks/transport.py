@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import sys
@@ -203,12 +204,12 @@ def measure_all(transports: list[str], size_mb: float, runs: int, warmup: int) -
 # --------------------------------------------------------------------------------- report
 
 
-def table(results: dict[str, dict], memcpy: tuple[float, float], runs: int) -> str:
+def table(results: dict[str, dict], memcpy: tuple[float, float], runs: int, load: str) -> str:
     nbytes = next(iter(results.values()))["nbytes"]
     lines = [
         f"Message: {nbytes / 1e6:.1f} MB ({nbytes / 2**20:.1f} MiB) in "
         f"{next(iter(results.values()))['tensors']} tensor frames + header; "
-        f"median of {runs} runs (min-max in brackets), GB/s = 1e9 bytes/s.",
+        f"median of {runs} runs (range: slowest to fastest run), GB/s = 1e9 bytes/s.",
         "",
         "| transport | path | median GB/s | range GB/s |",
         "|---|---|---:|---:|",
@@ -221,6 +222,10 @@ def table(results: dict[str, dict], memcpy: tuple[float, float], runs: int) -> s
     lines.append(f"| in-process | torch.clone (fresh memory) | {memcpy[1]:.2f} | |")
     copies = ", ".join(f"{t}: {r['copies']} of {r['tensors']}" for t, r in results.items())
     lines += ["", f"Copies on decode (tensors not inside a received frame): {copies}."]
+    lines.append(
+        f"Load average before the run (1, 5, 15 min): {load} on {os.cpu_count()} CPUs "
+        "(other work on the machine; the benchmark itself adds two busy processes)."
+    )
     return "\n".join(lines)
 
 
@@ -243,9 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transports", default="tcp,ipc")
     parser.add_argument("--write-docs", action="store_true", help=f"update {DOCS.name}")
     args = parser.parse_args(argv)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     results = measure_all(args.transports.split(","), args.size_mb, args.runs, args.warmup)
     nbytes = next(iter(results.values()))["nbytes"]
-    text = table(results, time_memcpy(nbytes, args.runs), args.runs)
+    text = table(results, time_memcpy(nbytes, args.runs), args.runs, load)
     print(text)
     if args.write_docs:
         write_docs(text, "uv run python benchmarks/transport.py " + " ".join(argv or sys.argv[1:]))
