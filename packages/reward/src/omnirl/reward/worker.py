@@ -49,6 +49,7 @@ class RewardWorkerConfig:
     trainer_timeout_s: float = 30.0
     max_bytes: int = 1 << 31
     hello_retry_s: float = 5.0
+    send_timeout_s: float = 10.0
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class RewardCounters:
     scored: int = 0
     refused: int = 0  # sent on as a Refusal (scorer failure, no images, wrong kind)
     malformed: int = 0  # could not be decoded: dropped, logged
+    dropped: int = 0  # scored, but the intake did not take it in send_timeout_s
 
 
 class RewardWorker:
@@ -99,10 +101,10 @@ class RewardWorker:
             while not self._stop:
                 now = time.monotonic()
                 if self._welcome is None and now - hello_sent_at >= cfg.hello_retry_s:
-                    send_message(control, self._hello())
+                    _send(control, self._hello())
                     hello_sent_at = now
                 if self._welcome is not None and now >= next_beat:
-                    send_message(control, self._heartbeat())
+                    _send(control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
                 unreachable_since = (
                     lost_since
@@ -138,6 +140,7 @@ class RewardWorker:
                             if push is not None:
                                 push.close(linger=1000)
                             push = sockets.connect("intake", intake)
+                            push.setsockopt(zmq.SNDTIMEO, int(cfg.send_timeout_s * 1000))
                             push_address = intake
                     elif sock is pull:
                         frames = pull.recv_multipart(copy=False)
@@ -146,7 +149,16 @@ class RewardWorker:
                             log.warning("%s: group before welcome, dropped", self.worker_id)
                             continue
                         for out in self.process(frames):
-                            push.send_multipart(out, copy=False)
+                            try:
+                                push.send_multipart(out, copy=False)
+                            except zmq.Again:  # the trainer's intake is away or full
+                                self.counters.dropped += 1
+                                log.warning(
+                                    "%s: intake did not take a message in %.0f s; "
+                                    "dropped (its lease will be reissued)",
+                                    self.worker_id,
+                                    cfg.send_timeout_s,
+                                )
             return EXIT_OK
         finally:
             control.disable_monitor()
@@ -240,6 +252,7 @@ class RewardWorker:
                 "scored": float(c.scored),
                 "refused": float(c.refused),
                 "malformed": float(c.malformed),
+                "dropped": float(c.dropped),
             },
         )
 
@@ -247,3 +260,13 @@ class RewardWorker:
 def _preload_torch() -> None:
     """Import torch now: a first import inside the loop can stall heartbeats for many seconds."""
     import torch  # noqa: F401  (the reward package depends on torch)
+
+
+def _send(sock: zmq.Socket, msg) -> bool:
+    """Send without blocking: while the trainer is away its queue fills; drop, never stall."""
+    try:
+        send_message(sock, msg, flags=zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        log.debug("%s not sent: the peer is not taking messages", type(msg).__name__)
+        return False

@@ -140,10 +140,10 @@ class RolloutWorker:
             while not self._stop:
                 now = time.monotonic()
                 if self._welcome is None and now - hello_sent_at >= cfg.retry_s:
-                    send_message(self._control, self._hello())
+                    _send(self._control, self._hello())
                     hello_sent_at = now
                 if self._welcome is not None and now >= next_beat:
-                    send_message(self._control, self._heartbeat())
+                    _send(self._control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
                 unreachable = (
                     lost_since
@@ -243,15 +243,13 @@ class RolloutWorker:
             return
         if now < self._backoff_until:
             return
-        send_message(
-            self._control, LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity)
-        )
+        _send(self._control, LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity))
         self._lease_requested_at = now
 
     def _request_weights(self, now: float) -> None:
         if self._weights is not None and now - self._weights_requested_at >= self.config.retry_s:
             have = self._held_version
-            send_message(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
+            _send(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
             self._weights_requested_at = now
 
     # -------------------------------------------------------------------------- messages
@@ -475,3 +473,13 @@ class RolloutWorker:
                 "last_sample_s": self._last_sample_s,
             },
         )
+
+
+def _send(sock: zmq.Socket, msg) -> bool:
+    """Send without blocking: while the trainer is away its queue fills; drop, never stall."""
+    try:
+        send_message(sock, msg, flags=zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        log.debug("%s not sent: the peer is not taking messages", type(msg).__name__)
+        return False
