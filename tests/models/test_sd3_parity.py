@@ -173,3 +173,20 @@ def test_save_pretrained_loads_with_diffusers_load_lora_weights(tmp_path, tiny_s
     exported = trainer.export_weights()
     assert loaded.keys() == exported.keys()
     assert all(torch.equal(loaded[k], exported[k]) for k in exported)
+
+
+def test_gradient_checkpointing_gives_the_same_log_prob_and_grads(tiny_sd3_path, rollout):
+    batch = collate_transitions(sample(rollout, "sde"), 1)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)  # same LoRA init
+        train = SD3TrainingAdapter.from_pretrained(
+            tiny_sd3_path, lora=LORA, gradient_checkpointing=checkpointing
+        )
+        assert train.transformer.is_gradient_checkpointing == checkpointing
+        with torch.no_grad():
+            for p in train.trainable_parameters():
+                p.add_(0.01)
+        train.transition(batch, sde_type="sde").log_prob.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in train.trainable_parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
