@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from omnirl.models.weights import lora_targets
+
 # flow_grpo's SD3 targets: every attention projection of the joint blocks.
 DEFAULT_TARGET_MODULES: tuple[str, ...] = (
     "attn.add_k_proj",
@@ -36,8 +38,10 @@ def lora_kwargs(lora: dict[str, Any]) -> dict[str, Any]:
 def add_lora(transformer: torch.nn.Module, lora: dict[str, Any]) -> dict[str, Any]:
     """Freeze ``transformer`` and add a LoRA adapter (name ``default``); return its kwargs.
 
-    Only the adapter's parameters require grad afterwards. Raises ``ValueError`` for
-    ``LoraConfig`` kwargs PEFT does not accept.
+    Only the adapter's parameters require grad afterwards. They are float32 whatever the
+    base model's dtype, on the trainer (so optimiser updates are not lost to bf16 rounding)
+    and on the rollout alike (so both run the same adapter kernels and agree exactly).
+    Raises ``ValueError`` for ``LoraConfig`` kwargs PEFT does not accept.
     """
     from peft import LoraConfig
 
@@ -48,4 +52,6 @@ def add_lora(transformer: torch.nn.Module, lora: dict[str, Any]) -> dict[str, An
         raise ValueError(f"bad LoRA config {kwargs}: {e}") from e
     transformer.requires_grad_(False)
     transformer.add_adapter(config)
+    for param in lora_targets(transformer).values():
+        param.data = param.data.to(torch.float32)
     return kwargs

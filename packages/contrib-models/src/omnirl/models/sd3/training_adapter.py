@@ -58,9 +58,6 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
         self.lora_config: dict[str, Any] | None = None
         if lora is not None:
             self.lora_config = add_lora(transformer, lora)
-            # adapter weights train in float32 even when the base model is bf16
-            for param in lora_targets(transformer).values():
-                param.data = param.data.to(torch.float32)
         else:
             transformer.requires_grad_(True)
         transformer.to(self.device)
