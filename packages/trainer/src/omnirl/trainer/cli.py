@@ -1,4 +1,4 @@
-"""``uv run trainer --config FILE [key=value ...] [--resume] [--record DIR]``.
+"""``uv run trainer --config FILE [key=value ...] [--resume] [--record DIR] [--replay DIR]``.
 
 Argument parsing imports nothing heavy; torch, diffusers and the model stack are imported
 inside :func:`main` after the arguments are understood, so ``--help`` is instant.
@@ -33,7 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--record",
         metavar="DIR",
         default=None,
-        help="record the intake stream to DIR (not implemented yet: refused)",
+        help="record every intake message to DIR (segment files, see docs/recording.md)",
+    )
+    p.add_argument(
+        "--replay",
+        metavar="DIR",
+        default=None,
+        help="train from the recording in DIR instead of workers (see docs/recording.md)",
+    )
+    p.add_argument(
+        "--admit-unleased",
+        action="store_true",
+        help="train on intake groups this run did not lease (to be fed by `uv run replay`)",
     )
     p.add_argument("--print-config", action="store_true", help="print the merged config and exit")
     return p
@@ -53,9 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
-    if args.record is not None:
-        print("trainer: --record is not implemented yet", file=sys.stderr)
-        return 2
     logging.basicConfig(
         level=getattr(logging, str(cfg.logging.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -64,9 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.server import TrainerServer
 
+    recorder = None
     try:
         backend = AdapterBackend(cfg)
-        server = TrainerServer(cfg, backend, resume=args.resume)
+        if args.record is not None:
+            from omnirl.protocol.recording import RecordingWriter
+
+            recorder = RecordingWriter(args.record)
+        if args.replay is not None or args.admit_unleased:
+            from omnirl.trainer.replay import ReplayTrainerServer
+
+            server = ReplayTrainerServer(
+                cfg, backend, resume=args.resume, intake_tap=recorder, replay=args.replay
+            )
+        else:
+            server = TrainerServer(cfg, backend, resume=args.resume, intake_tap=recorder)
     except ConfigError as err:
         print(f"trainer: config error: {err}", file=sys.stderr)
         return 2
@@ -80,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    return server.run()
+    try:
+        return server.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
 
 
 if __name__ == "__main__":
