@@ -13,6 +13,9 @@ Modes, interleaved run by run so that background load hits them alike:
 - ``memcpy`` (in this process): ``numpy.copyto`` into a preallocated buffer, and
   ``torch.clone`` (fresh memory: page faults included, as a receive has) of the bytes.
 
+"receiver CPU ms" is the receiving process's CPU time per message (all its threads, the
+ZeroMQ I/O thread included; median): less sensitive than wall time to other load.
+
 Copies on decode are counted, not assumed: a decoded tensor whose memory does not lie
 inside one of the received frames is a copy.
 
@@ -151,18 +154,19 @@ def measure(sock, runs: int, warmup: int) -> dict:
         raise RuntimeError("the sender process did not connect within 120 s")
     peer, _ = sock.recv_multipart()
     seconds: dict[bytes, list[float]] = {mode: [] for mode in (*MODES, RAW)}
+    cpu: dict[bytes, list[float]] = {mode: [] for mode in seconds}
     nbytes = copies = tensors = 0
     for run in range(warmup + runs):
         for mode in seconds:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             sock.send_multipart([peer, mode])
             if mode == RAW:
                 frames = sock.recv_multipart(copy=False)[1:]
-                elapsed = time.perf_counter() - t0
+                elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - c0
             else:
                 got = recv_message(sock, check_finite=mode == b"omnirl")
                 msg, frames = got.unwrap(), got.frames
-                elapsed = time.perf_counter() - t0
+                elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - c0
                 tensors, run_copies = count_copies(msg, frames)
                 copies = max(copies, run_copies)
                 del msg, got
@@ -170,12 +174,14 @@ def measure(sock, runs: int, warmup: int) -> dict:
             del frames
             if run >= warmup:
                 seconds[mode].append(elapsed)
+                cpu[mode].append(cpu_s)
     sock.send_multipart([peer, b"stop"])
     rates = {mode: nbytes / statistics.median(s) / 1e9 for mode, s in seconds.items()}
     spread = {mode: (nbytes / max(s) / 1e9, nbytes / min(s) / 1e9) for mode, s in seconds.items()}
     return {
         "rates": rates,
         "spread": spread,
+        "cpu_ms": {mode: 1e3 * statistics.median(c) for mode, c in cpu.items()},
         "nbytes": nbytes,
         "copies": copies,
         "tensors": tensors,
@@ -211,15 +217,18 @@ def table(results: dict[str, dict], memcpy: tuple[float, float], runs: int, load
         f"{next(iter(results.values()))['tensors']} tensor frames + header; "
         f"median of {runs} runs (range: slowest to fastest run), GB/s = 1e9 bytes/s.",
         "",
-        "| transport | path | median GB/s | range GB/s |",
-        "|---|---|---:|---:|",
+        "| transport | path | median GB/s | range GB/s | receiver CPU ms |",
+        "|---|---|---:|---:|---:|",
     ]
     for transport, r in results.items():
         for mode, label in (*MODES.items(), (RAW, "raw pyzmq multipart, copy=False")):
             lo, hi = r["spread"][mode]
-            lines.append(f"| {transport} | {label} | {r['rates'][mode]:.2f} | {lo:.2f}-{hi:.2f} |")
-    lines.append(f"| in-process | memcpy (numpy.copyto, preallocated) | {memcpy[0]:.2f} | |")
-    lines.append(f"| in-process | torch.clone (fresh memory) | {memcpy[1]:.2f} | |")
+            lines.append(
+                f"| {transport} | {label} | {r['rates'][mode]:.2f} | {lo:.2f}-{hi:.2f} "
+                f"| {r['cpu_ms'][mode]:.0f} |"
+            )
+    lines.append(f"| in-process | memcpy (numpy.copyto, preallocated) | {memcpy[0]:.2f} | | |")
+    lines.append(f"| in-process | torch.clone (fresh memory) | {memcpy[1]:.2f} | | |")
     copies = ", ".join(f"{t}: {r['copies']} of {r['tensors']}" for t, r in results.items())
     lines += ["", f"Copies on decode (tensors not inside a received frame): {copies}."]
     lines.append(
