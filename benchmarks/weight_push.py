@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             router.send_multipart([peer.bytes, *encode(Ack(ref="-1", detail="up_to_date"))])
         for _ in range(n_workers):
             reports.recv_json()
-        version = 0
+        version = 1  # warm-up version: the receivers import torch on their first tensor
+        pubs["lora"].publish(router, version, synthetic_state(1, "lora"))
+        for _ in range(n_workers):
+            reports.recv_json()
         for fmt in ("lora", "full"):
             for size in args.sizes_mb:
                 if fmt == "lora" and size > 64:

@@ -39,19 +39,26 @@ class TinyAdapter:
 
 
 class TinyStep:
+    """Hand-written momentum SGD: an optimiser state without torch.optim's slow first import."""
+
     def __init__(self, adapter):
-        self.opt = torch.optim.AdamW(adapter.trainable_parameters(), lr=0.1)
+        self.params = adapter.trainable_parameters()
+        self.momentum = [torch.zeros_like(p) for p in self.params]
 
     def train(self, adapter):
         adapter.module(torch.ones(2, 4)).sum().backward()
-        self.opt.step()
-        self.opt.zero_grad()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.momentum, strict=True):
+                m.mul_(0.9).add_(p.grad)
+                p.sub_(0.1 * m)
+                p.grad = None
 
     def state_dict(self):
-        return {"optimizer": self.opt.state_dict()}
+        return {"momentum": [m.clone() for m in self.momentum]}
 
     def load_state_dict(self, state):
-        self.opt.load_state_dict(state["optimizer"])
+        for m, saved in zip(self.momentum, state["momentum"], strict=True):
+            m.copy_(saved)
 
 
 def test_round_trip_restores_parameters_optimiser_rng_and_state(tmp_path):
