@@ -30,7 +30,11 @@ import torch
 from omnirl.models.base import DiffusionTrainingAdapter
 from omnirl.models.transitions import TransitionBatch, TransitionBatchError, collate_transitions
 from omnirl.protocol.messages import DiffusionTrajectoryGroup
-from omnirl.trainer.algorithms.flow_grpo import REF_PREV_SAMPLE_MEAN, LossInputs
+from omnirl.trainer.algorithms.flow_grpo import (
+    PROX_PREV_SAMPLE_MEAN,
+    REF_PREV_SAMPLE_MEAN,
+    LossInputs,
+)
 from omnirl.trainer.algorithms.registry import (
     AlgorithmSpec,
     get_advantage,
@@ -38,6 +42,7 @@ from omnirl.trainer.algorithms.registry import (
     get_loss,
 )
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
+from omnirl.trainer.algorithms.windows import window_buckets
 from omnirl.trainer.ema import EMA
 from omnirl.trainer.optim import OptimConfig, build_adamw, trainable
 
@@ -51,6 +56,7 @@ _FALLBACKS: dict[str, Any] = {
     "w_max": 2.0,
     "timestep_fraction": 1.0,
     "timestep_selection": "first",
+    "kl_mask_threshold": 1e-5,  # Flow-DPPO's trust region
 }
 
 
@@ -82,6 +88,7 @@ class TrainStep:
         max_grad_norm: float | None = 1.0
         timestep_fraction: float | None = None  # of the recorded steps, in (0, 1]
         timestep_selection: str | None = None  # "first" | "random"
+        kl_mask_threshold: float | None = None  # Flow-DPPO: per-step KL(new || prox) bound
         micro_batch_size: int = 0
         inner_epochs: int = 1
         num_minibatches: int = 1  # optimiser updates per inner epoch
@@ -148,10 +155,13 @@ class TrainStep:
         cfg = self.config
         self.estimator = get_advantage(self.spec.advantage)
         loss_cls = get_loss(self.spec.loss)
+        # Each loss's Config takes the TrainStep fields it declares (DPPO has no clip range).
+        loss_fields = {f.name for f in dataclasses.fields(loss_cls.Config)}
         self.loss = loss_cls(
-            loss_cls.Config(clip_range=cfg.clip_range, kl_beta=cfg.kl_beta, w_max=cfg.w_max)
+            loss_cls.Config(**{n: getattr(cfg, n) for n in loss_fields if hasattr(cfg, n)})
         )
         self.needs_reference = REF_PREV_SAMPLE_MEAN in self.loss.needs()
+        self.needs_prox_mean = PROX_PREV_SAMPLE_MEAN in self.loss.needs()
         self.params = trainable(adapter.trainable_parameters())
         self.device = self.params[0].device
         self.optimizer = build_adamw(
@@ -270,10 +280,7 @@ class TrainStep:
     ) -> None:
         cfg = self.config
         steps = self._trained_steps(int(groups[0].latents.shape[1]))
-        try:
-            batches = {k: collate_transitions(groups, k, device=self.device) for k in steps}
-        except TransitionBatchError as err:  # e.g. groups sampled with different windows
-            raise TrainStepInputError(str(err)) from err
+        batches = self._collate(groups, steps)
         num_samples = int(advantages.numel())
         updates = cfg.inner_epochs * cfg.num_minibatches
         # With one update per call the parameters cannot change between the start of the
@@ -284,60 +291,105 @@ class TrainStep:
         for epoch in range(cfg.inner_epochs):
             perm = torch.randperm(num_samples, generator=self.generator)
             for rows in perm.tensor_split(min(cfg.num_minibatches, num_samples)):
-                self._update(batches, rows, advantages, prox, acc, first_epoch=epoch == 0)
+                self._update(
+                    batches, rows, advantages, prox, acc, first_epoch=epoch == 0, num_k=len(steps)
+                )
+
+    def _collate(
+        self, groups: list[DiffusionTrajectoryGroup], steps: list[int]
+    ) -> list[tuple[torch.Tensor, TransitionBatch]]:
+        """``(sample rows [B_b], batch)`` per (window bucket, trained step).
+
+        ``rows`` index the call's ``N`` samples (groups in order). Groups of different SDE
+        windows (one per lease; stale groups keep theirs) are collated apart, so one model
+        call only batches rows of one schedule step.
+        """
+        sizes = [int(g.latents.shape[0]) for g in groups]
+        offsets = [0]
+        for n in sizes[:-1]:
+            offsets.append(offsets[-1] + n)
+        out = []
+        try:
+            for members in window_buckets(groups):
+                sub = [groups[i] for i in members]
+                rows = torch.cat([torch.arange(offsets[i], offsets[i] + sizes[i]) for i in members])
+                for k in steps:
+                    out.append((rows, collate_transitions(sub, k, device=self.device)))
+        except (TransitionBatchError, ValueError) as err:  # e.g. inconsistent windows
+            raise TrainStepInputError(str(err)) from err
+        return out
 
     @torch.no_grad()
     def _proximal(
-        self, batches: dict[int, TransitionBatch], num_samples: int
-    ) -> dict[int, torch.Tensor]:
-        """``log_prob [N]`` per trained step under the parameters at the start of the call."""
+        self, batches: list[tuple[torch.Tensor, TransitionBatch]], num_samples: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``(log_prob [B_b], prev_sample_mean [B_b, ...] or None)`` per batch, under the
+        parameters at the start of the call."""
         chunk = self.config.micro_batch_size or num_samples
-        out = {}
-        for k, batch in batches.items():
-            parts = [
-                self.adapter.transition(batch.select(rows), sde_type=self.spec.sde_type).log_prob
-                for rows in torch.arange(num_samples).split(chunk)
+        out = []
+        for rows, batch in batches:
+            outs = [
+                self.adapter.transition(batch.select(part), sde_type=self.spec.sde_type)
+                for part in torch.arange(len(rows)).split(chunk)
             ]
-            out[k] = torch.cat(parts).detach()
+            logp = torch.cat([o.log_prob for o in outs]).detach()
+            mean = (
+                torch.cat([o.prev_sample_mean for o in outs]).detach()
+                if self.needs_prox_mean
+                else None
+            )
+            out.append((logp, mean))
         return out
 
     def _update(
         self,
-        batches: dict[int, TransitionBatch],
+        batches: list[tuple[torch.Tensor, TransitionBatch]],
         rows: torch.Tensor,
         advantages: torch.Tensor,
-        prox: dict[int, torch.Tensor] | None,
+        prox: list[tuple[torch.Tensor, torch.Tensor | None]] | None,
         acc: MetricsAccumulator,
         *,
         first_epoch: bool,
+        num_k: int,
     ) -> None:
         cfg = self.config
         sde_type = self.spec.sde_type
         self.optimizer.zero_grad(set_to_none=True)
         chunk = cfg.micro_batch_size or len(rows)
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
-        for k, batch in batches.items():
-            for micro in rows.split(chunk):
+        in_update = torch.zeros(int(advantages.numel()), dtype=torch.bool)
+        in_update[rows] = True
+        for b, (batch_rows, batch) in enumerate(batches):
+            local = in_update[batch_rows].nonzero().flatten()  # this update's rows of the batch
+            for micro in local.split(chunk):
                 mb = batch.select(micro)
                 out = self.adapter.transition(mb, sde_type=sde_type)
                 ref_mean = None
                 if self.needs_reference:
                     with torch.no_grad(), self.adapter.reference():
                         ref_mean = self.adapter.transition(mb, sde_type=sde_type).prev_sample_mean
-                prox_k = out.log_prob.detach() if prox is None else prox[k][micro.to(self.device)]
+                dev_micro = micro.to(self.device)
+                if prox is None:
+                    prox_k, prox_mean = out.log_prob.detach(), out.prev_sample_mean.detach()
+                else:
+                    prox_k = prox[b][0][dev_micro]
+                    prox_mean = prox[b][1][dev_micro] if prox[b][1] is not None else None
                 res = self.loss(
                     LossInputs(
                         log_prob=out.log_prob,
                         prox_log_prob=prox_k,
                         behav_log_prob=mb.old_log_probs,
-                        advantages=advantages[micro.to(self.device)],
+                        advantages=advantages[batch_rows[micro].to(self.device)],
                         prev_sample_mean=out.prev_sample_mean,
                         ref_prev_sample_mean=ref_mean,
                         std_dev_t=out.std_dev_t,
+                        prox_prev_sample_mean=prox_mean,
+                        step_std=out.step_std,
+                        sqrt_dt=(mb.sigmas - mb.next_sigmas).clamp(min=0).sqrt(),
                     )
                 )
                 # Weight so the gradient is that of the mean over every (sample, step) pair.
-                weight = len(micro) / (len(rows) * len(batches))
+                weight = len(micro) / (len(rows) * num_k)
                 (res.loss * weight).backward()
                 totals["loss"] += float(res.loss.detach()) * weight
                 totals["policy_loss"] += float(res.policy_loss) * weight

@@ -43,6 +43,9 @@ ADVANTAGES = "advantages"
 PREV_SAMPLE_MEAN = "prev_sample_mean"
 REF_PREV_SAMPLE_MEAN = "ref_prev_sample_mean"
 STD_DEV_T = "std_dev_t"
+PROX_PREV_SAMPLE_MEAN = "prox_prev_sample_mean"
+STEP_STD = "step_std"
+SQRT_DT = "sqrt_dt"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,6 +62,9 @@ class LossInputs:
     prev_sample_mean: torch.Tensor | None = None  # [B, ...] new policy's step mean
     ref_prev_sample_mean: torch.Tensor | None = None  # [B, ...] reference's step mean
     std_dev_t: torch.Tensor | None = None  # [B]
+    prox_prev_sample_mean: torch.Tensor | None = None  # [B, ...] proximal step mean (detached)
+    step_std: torch.Tensor | None = None  # [B] the step's total std (0: deterministic)
+    sqrt_dt: torch.Tensor | None = None  # [B] sqrt(sigma - sigma_next)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,14 +179,4 @@ register_alias(
     description="Flow-GRPO with coefficients-preserving sampling (flow_grpo sde_type='cps')",
 )
 
-# DanceGRPO (Xue et al. 2025) uses the same PPO-clip loss and per-prompt group advantages
-# (std over the prompt's own group), the dance SDE with eta = 0.3, one initial noise per
-# prompt, a random timestep_fraction = 0.6 of the steps, and no KL term.
-register_alias(
-    "dance_grpo",
-    of="flow_grpo",
-    sde_type="dance_sde",
-    defaults={"std": "group", "clip_range": 1e-4, "kl_beta": 0.0},
-    sampling_defaults={"sde_type": "dance_sde", "noise_level": 0.3, "same_initial_noise": True},
-    description="DanceGRPO (fastvideo/train_grpo_flux.py): dance SDE, group std",
-)
+# DanceGRPO is registered in omnirl.trainer.algorithms.dance_grpo.

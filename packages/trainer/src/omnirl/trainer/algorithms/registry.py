@@ -25,6 +25,10 @@ from typing import Any, Generic, TypeVar
 BUILTIN_MODULES: tuple[str, ...] = (
     "omnirl.trainer.algorithms.advantages",
     "omnirl.trainer.algorithms.flow_grpo",
+    "omnirl.trainer.algorithms.windows",
+    "omnirl.trainer.algorithms.dance_grpo",
+    "omnirl.trainer.algorithms.grpo_guard",
+    "omnirl.trainer.algorithms.flow_dppo",
 )
 ENTRY_POINT_GROUP = "omnirl.algorithms"
 
@@ -62,6 +66,9 @@ class AlgorithmSpec:
         sampling_defaults: sampling parameters (field names of ``SamplingParams``).
         alias_of: the algorithm this one was derived from, if any.
         description: one line for people; say where it comes from.
+        window_policy: name of the SDE window policy the lease builder asks for each
+            lease's ``sde_window`` (:mod:`omnirl.trainer.algorithms.windows`); ``None``:
+            every step stochastic unless the config sets a window.
     """
 
     name: str
@@ -74,6 +81,7 @@ class AlgorithmSpec:
     sampling_defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     alias_of: str | None = None
     description: str = ""
+    window_policy: str | None = None
 
     def __post_init__(self) -> None:
         if self.sde_type not in SDE_TYPES:
