@@ -23,8 +23,8 @@ from omnirl.protocol.messages import (
     Rewards,
     Status,
     StatusRequest,
-    Welcome,
     WeightRequest,
+    Welcome,
 )
 from omnirl.protocol.weights import WeightAssembler
 from omnirl.trainer.config import load_config
@@ -115,7 +115,8 @@ def _start(cfg, backend, resume=False):
     addr_file = cfg.run.output_dir + "/" + ADDRESS_FILE
     for _ in range(200):
         try:
-            address = open(addr_file).read().strip()
+            with open(addr_file) as fh:
+                address = fh.read().strip()
             if address:
                 return server, thread, result, address
         except FileNotFoundError:
@@ -244,7 +245,7 @@ def test_resume_continues_version_and_data_order(tmp_path):
         assert control.ask(Hello(role="rollout", worker_id="r")).policy_version == 1
         lease = control.ask(LeaseRequest(worker_id="r"))
         straight = [p.group_id for p in server.prompts.__class__.from_config(cfg.data).take(3)]
-        assert seen + [lease.prompts[0].group_id] == straight
+        assert [*seen, lease.prompts[0].group_id] == straight
     finally:
         server.request_stop()
         thread.join(10)
