@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
+import importlib
 import sys
 from pathlib import Path
 
@@ -12,23 +11,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def bench(monkeypatch):
+    """benchmarks/transport.py as a module (its sender process imports it by name)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    module = importlib.import_module("transport")
+    yield module
+    sys.modules.pop("transport", None)
+
+
 @pytest.mark.slow
-def test_transport_benchmark_smoke():
-    cmd = [sys.executable, str(ROOT / "benchmarks/transport.py"), "--size-mb", "1"]
-    cmd += ["--runs", "2", "--warmup", "0", "--transports", "tcp"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert "| tcp | raw pyzmq multipart, copy=False |" in out.stdout
-    assert "| tcp | omnirl encode+send / recv+decode |" in out.stdout
-    assert "tcp: 0 of 10." in out.stdout
+def test_transport_benchmark_smoke(bench, capsys):
+    args = ["--size-mb", "1", "--runs", "2", "--warmup", "0", "--transports", "tcp,ipc"]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| tcp | raw pyzmq multipart, copy=False |" in out
+    assert "| ipc | omnirl encode+send / recv+decode |" in out
+    assert "tcp: 0 of 10, ipc: 0 of 10." in out
 
 
-def test_write_docs_replaces_only_its_own_section(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location(
-        "transport_bench", ROOT / "benchmarks/transport.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_write_docs_replaces_only_its_own_section(bench, tmp_path, monkeypatch):
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# B\n\n## Transport\n\n{bench.BEGIN}\nold\n{bench.END}\n\n## Other\nkeep\n")
     monkeypatch.setattr(bench, "DOCS", doc)
