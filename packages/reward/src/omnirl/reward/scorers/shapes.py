@@ -1,0 +1,51 @@
+"""The ShapesEval detector as a reward (``shapes_eval``): partial credit for training, strict
+pass / fail as a second component for the metric.
+
+Components: ``partial`` (primary, in [0, 1]) and ``strict`` (1.0 or 0.0). The spec of each
+sample comes from its prompt metadata (``ShapeSpec.from_metadata``) when that carries a
+ShapesEval spec, else from its text (``ShapeSpec.from_text``). Limitation of the text path:
+only prompts of the ShapesEval grammar parse (anything else raises ``ShapeSpecError``, a
+``ValueError``, which refuses the group rather than scoring it 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omnirl.reward.scorers.jpeg import as_uint8_batch
+from omnirl.reward.scorers.registry import ScoreBatch, register_reward
+from omnirl.reward.shapes import ShapeSpec, score_batch
+
+
+def spec_of(text: str, metadata: Mapping[str, Any] | None) -> ShapeSpec:
+    """The sample's spec: from ShapesEval metadata when present, else parsed from the text."""
+    if metadata and "shapes_eval" in metadata:
+        return ShapeSpec.from_metadata(dict(metadata))
+    return ShapeSpec.from_text(text)
+
+
+@register_reward("shapes_eval")
+class ShapesEvalReward:
+    """``shapes_eval``: components ``partial``, ``strict``; reads images, prompt, metadata."""
+
+    components = ("partial", "strict")
+    reads = frozenset({"images", "prompt", "metadata"})
+    batchable = True
+    thread_safe = True  # numpy only, no shared state
+
+    def __call__(self, batch: ScoreBatch) -> dict[str, list[float]]:
+        images = as_uint8_batch(batch.images)
+        n = len(batch.prompts)
+        if len(images) != n:
+            raise ValueError(f"shapes_eval: {len(images)} images but {n} prompts")
+        metadata = list(batch.metadata) or [None] * n
+        partial, strict = [0.0] * n, [0.0] * n
+        rows_of: dict[ShapeSpec, list[int]] = {}
+        for i, (text, meta) in enumerate(zip(batch.prompts, metadata, strict=True)):
+            rows_of.setdefault(spec_of(text, meta), []).append(i)
+        for spec, rows in rows_of.items():  # one detector call per distinct prompt
+            for i, sc in zip(rows, score_batch(images[rows], spec), strict=True):
+                partial[i] = float(sc.partial)
+                strict[i] = 1.0 if sc.strict else 0.0
+        return {"partial": partial, "strict": strict}

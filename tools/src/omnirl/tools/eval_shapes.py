@@ -1,0 +1,245 @@
+"""Score a text-to-image checkpoint on ShapesEval prompts: strict accuracy per category.
+
+    uv run python -m omnirl.tools.eval_shapes CHECKPOINT --prompts FILE --seeds 2 \
+        [--cfg 3] [--steps 20] [--sde-type ode] [--lora DIR] [--out DIR] [--limit N]
+
+Each prompt is sampled ``--seeds`` times with the checkpoint's registered rollout adapter
+(the same code path as RL rollouts; ``--sde-type ode`` is deterministic, the SDE types are
+deterministic in ``--seed``) and scored by the ShapesEval detector. Prints strict accuracy
+per category and overall with a 95 % bootstrap confidence interval over prompts (each
+prompt's mean over its seeds is one observation, so seeds of one prompt are not counted as
+independent), and writes ``OUT/eval.json`` and ``OUT/grid.png`` (first prompts x seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnirl.reward.shapes import CATEGORIES, ShapeSpec, score_batch
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclasses.dataclass(slots=True)
+class EvalRun:
+    """Per-sample results of one evaluation: ``P`` prompts x ``S`` seeds."""
+
+    specs: list[ShapeSpec]
+    strict: np.ndarray  # bool [P, S]
+    partial: np.ndarray  # float64 [P, S]
+    images: np.ndarray  # uint8 [P, S, H, W, 3]
+    seconds: float
+
+
+def load_prompt_file(path: str | Path) -> list[ShapeSpec]:
+    """Specs from a JSONL prompt file (``{"text", "metadata"}`` per line, as written by
+    ``omnirl.tools.shapes_prompts``); lines without metadata are parsed from their text."""
+    specs = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+        meta = row.get("metadata")
+        specs.append(ShapeSpec.from_metadata(meta) if meta else ShapeSpec.from_text(row["text"]))
+    if not specs:
+        raise ValueError(f"{path}: no prompts")
+    return specs
+
+
+def evaluate(
+    adapter,
+    specs: list[ShapeSpec],
+    *,
+    seeds: int = 2,
+    guidance_scale: float = 3.0,
+    num_steps: int = 20,
+    sde_type: str = "ode",
+    image_size: int = 32,
+    seed: int = 0,
+    batch_prompts: int = 32,
+) -> EvalRun:
+    """Sample ``seeds`` images of every spec with a rollout adapter and score them."""
+    from omnirl.protocol.messages import PromptSpec, SamplingParams
+
+    sampling = SamplingParams(
+        group_size=seeds,
+        seed=seed,
+        num_steps=num_steps,
+        guidance_scale=guidance_scale,
+        height=image_size,
+        width=image_size,
+        sde_type=sde_type,
+        record_latents=False,
+        record_images=True,
+    )
+    t0 = time.perf_counter()
+    strict = np.zeros((len(specs), seeds), dtype=bool)
+    partial = np.zeros((len(specs), seeds), dtype=np.float64)
+    images = np.zeros((len(specs), seeds, image_size, image_size, 3), dtype=np.uint8)
+    for start in range(0, len(specs), batch_prompts):
+        chunk = specs[start : start + batch_prompts]
+        prompts = [
+            PromptSpec(group_id=f"eval-{start + j}", text=s.text, metadata=s.to_metadata())
+            for j, s in enumerate(chunk)
+        ]
+        groups = adapter.sample(
+            prompts, sampling, lease_id="eval", worker_id="eval", policy_version=0
+        )
+        for j, (group, spec) in enumerate(zip(groups, chunk, strict=True)):
+            imgs = group.images.numpy()
+            images[start + j] = imgs
+            for k, sc in enumerate(score_batch(imgs, spec)):
+                strict[start + j, k] = sc.strict
+                partial[start + j, k] = sc.partial
+    return EvalRun(specs, strict, partial, images, time.perf_counter() - t0)
+
+
+def bootstrap_ci(values: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of the mean of ``values`` ``[P]`` (one per prompt)."""
+    if len(values) == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))
+    means = values[idx].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def summarise(run: EvalRun) -> dict[str, Any]:
+    """``{"overall": {...}, "categories": {cat: {...}}}``; each entry holds ``strict``,
+    ``ci95`` (bootstrap over prompts), ``partial``, ``prompts`` and ``samples``."""
+    cats = np.array([s.category for s in run.specs])
+
+    def entry(mask: np.ndarray) -> dict[str, Any]:
+        per_prompt = run.strict[mask].mean(axis=1)
+        lo, hi = bootstrap_ci(per_prompt)
+        return {
+            "strict": float(per_prompt.mean()) if mask.any() else float("nan"),
+            "ci95": [lo, hi],
+            "partial": float(run.partial[mask].mean()) if mask.any() else float("nan"),
+            "prompts": int(mask.sum()),
+            "samples": int(run.strict[mask].size),
+        }
+
+    return {
+        "overall": entry(np.ones(len(run.specs), dtype=bool)),
+        "categories": {c: entry(cats == c) for c in CATEGORIES if (cats == c).any()},
+        "seconds": run.seconds,
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [f"{'category':<14} {'strict':>7} {'95% CI':>15} {'partial':>8} {'prompts':>8}"]
+    rows = [*summary["categories"].items(), ("overall", summary["overall"])]
+    for name, e in rows:
+        lo, hi = e["ci95"]
+        lines.append(
+            f"{name:<14} {e['strict']:>7.3f} {f'[{lo:.3f}, {hi:.3f}]':>15} "
+            f"{e['partial']:>8.3f} {e['prompts']:>8d}"
+        )
+    return "\n".join(lines)
+
+
+def write_grid(run: EvalRun, path: str | Path, *, rows: int = 12, scale: int = 3) -> Path:
+    """PNG of the first ``rows`` prompts (one row each, seeds across), upscaled ``scale``x;
+    a green or red bar under each image marks strict pass or fail."""
+    from PIL import Image
+
+    p = min(rows, len(run.specs))
+    _, s, h, w, _ = run.images.shape
+    bar = 2
+    grid = np.full((p * (h + bar + 1), s * (w + 1), 3), 255, dtype=np.uint8)
+    for i in range(p):
+        for k in range(s):
+            y, x = i * (h + bar + 1), k * (w + 1)
+            grid[y : y + h, x : x + w] = run.images[i, k]
+            grid[y + h : y + h + bar, x : x + w] = (
+                (40, 170, 60) if run.strict[i, k] else (210, 40, 40)
+            )
+    img = Image.fromarray(grid).resize(
+        (grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST
+    )
+    path = Path(path)
+    img.save(path)
+    return path
+
+
+def load_adapter(checkpoint: str | Path, *, device: str = "cpu", lora: str | Path | None = None):
+    """The checkpoint's registered rollout adapter; ``lora``: a folder holding
+    ``pytorch_lora_weights.safetensors`` (as a training adapter's ``save_pretrained`` writes)."""
+    from omnirl.models.registry import architecture_of, get_rollout_adapter
+
+    cls = get_rollout_adapter(architecture_of(checkpoint))
+    adapter = cls.from_pretrained(checkpoint, device=device)
+    if lora is not None:
+        adapter.transformer.load_lora_adapter(str(lora), prefix="transformer")
+        adapter.transformer.eval()
+    return adapter
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m omnirl.tools.eval_shapes", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL prompt file")
+    parser.add_argument("--seeds", type=int, default=2, help="samples per prompt")
+    parser.add_argument("--cfg", type=float, default=3.0, help="guidance scale")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sde-type", default="ode", choices=("ode", "sde", "cps", "dance_sde"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", type=Path, default=None)
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/eval_shapes/<time>")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.steps < 1:
+        parser.error("--seeds and --steps must be >= 1")
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    specs = load_prompt_file(args.prompts)[: args.limit]
+    adapter = load_adapter(args.checkpoint, device=args.device, lora=args.lora)
+    run = evaluate(
+        adapter,
+        specs,
+        seeds=args.seeds,
+        guidance_scale=args.cfg,
+        num_steps=args.steps,
+        sde_type=args.sde_type,
+        seed=args.seed,
+    )
+    summary = summarise(run)
+    summary["config"] = {
+        "checkpoint": str(args.checkpoint),
+        "prompts": str(args.prompts),
+        "seeds": args.seeds,
+        "cfg": args.cfg,
+        "steps": args.steps,
+        "sde_type": args.sde_type,
+        "seed": args.seed,
+        "lora": str(args.lora) if args.lora else None,
+    }
+    out = args.out or Path("runs/eval_shapes") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_grid(run, out / "grid.png")
+    print(format_table(summary))
+    print(f"{len(specs)} prompts x {args.seeds} seeds in {run.seconds:.1f} s; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""Pretrain a ShapesT2I model with flow matching on renders of ShapesEval train prompts.
+
+    uv run python -m omnirl.tools.pretrain_shapes OUT_DIR [--minutes 60] [--device cpu]
+        [--batch 64] [--lr 5e-4] [--preset base] [--eval-every 5] [--eval-prompts 120]
+
+Rectified flow: ``x_t = (1 - t) x0 + t eps``, target ``v = eps - x0``, ``t`` logit-normal
+(SD3's ``logit_normal(0, 1)``), the model called at timestep ``1000 t`` as SD3's sampler
+calls it. Each batch draws train-split prompts (categories balanced) and renders them with
+fresh random seeds; 10 % of the texts are replaced by the empty prompt (the negative prompt
+of classifier-free guidance). The transformer and the text encoder train jointly (AdamW);
+an EMA of both is what is evaluated and saved. Every ``--eval-every`` minutes the EMA model
+is scored on held-out prompts (strict accuracy, ``omnirl.tools.eval_shapes``) and written
+to ``OUT_DIR`` (a ShapesT2I folder); ``OUT_DIR/pretrain_log.jsonl`` holds the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omnirl.models.shapes_t2i import PRESETS, ShapesT2IRolloutAdapter, build_pipeline, encode_images
+from omnirl.reward.shapes import CATEGORIES, generate_prompts, render_batch, specs_in_split
+from omnirl.reward.shapes.world import all_specs
+from omnirl.tools.eval_shapes import evaluate, summarise
+
+CFG_DROPOUT = 0.1
+
+
+def shapes_vocabulary() -> list[str]:
+    """Every word of every ShapesEval prompt (all categories, both splits), sorted."""
+    return sorted({w for c in CATEGORIES for s in all_specs(c) for w in s.text.split()})
+
+
+class TrainBatches(torch.utils.data.IterableDataset):
+    """Endless batches of train-split renders: ``(texts, images uint8 [B, 32, 32, 3])``.
+
+    Categories are balanced; every image gets a fresh random seed. Each DataLoader worker
+    draws from its own generator (``seed``, worker id), so workers never repeat each other.
+    """
+
+    def __init__(self, batch: int, seed: int):
+        self.batch_size = batch
+        self.seed = seed
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        rng = np.random.default_rng([self.seed, info.id if info is not None else 0])
+        pools = [specs_in_split(c, "train") for c in CATEGORIES]
+        while True:
+            cats = rng.integers(0, len(pools), size=self.batch_size)
+            specs = [pools[c][rng.integers(0, len(pools[c]))] for c in cats]
+            seeds = rng.integers(0, 2**62, size=self.batch_size).tolist()
+            yield [s.text for s in specs], torch.from_numpy(render_batch(specs, 32, seeds))
+
+
+def train_batches(batch: int, seed: int, workers: int):
+    """An iterator over :class:`TrainBatches`, rendered in ``workers`` processes (0: inline)."""
+    loader = torch.utils.data.DataLoader(
+        TrainBatches(batch, seed),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=workers > 0,
+    )
+    return iter(loader)
+
+
+@torch.no_grad()
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
+        pe.lerp_(pm.detach(), 1.0 - decay)
+
+
+def save_atomic(pipe, out_dir: Path) -> None:
+    """Write the pipeline to ``out_dir`` via a sibling temp folder (a reader never sees half)."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    pipe.save_pretrained(tmp)
+    keep = {"pretrain_log.jsonl", "eval_grid.png"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for child in out_dir.iterdir():
+        if child.name not in keep:
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    for child in tmp.iterdir():
+        child.rename(out_dir / child.name)
+    tmp.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m omnirl.tools.pretrain_shapes", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget")
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    # one intra-op thread: on the shared 2-core machine (load 6-9) two OpenMP threads spin
+    # against each other and ran 1.5-8x slower than one (measured)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--warmup", type=int, default=100, help="linear LR warm-up steps")
+    parser.add_argument("--ema", type=float, default=0.999, help="EMA decay")
+    parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=float, default=5.0, help="minutes between evals")
+    parser.add_argument("--eval-prompts", type=int, default=120, help="held-out prompts")
+    parser.add_argument("--eval-cfg", type=float, default=3.0)
+    parser.add_argument("--eval-steps", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=0, help="render processes (0: inline)")
+    parser.add_argument("--log-every", type=int, default=20, help="steps between log lines")
+    args = parser.parse_args(argv)
+    if args.batch < 1 or args.minutes <= 0:
+        parser.error("--batch must be >= 1 and --minutes > 0")
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed).to(dev)
+    ema = copy.deepcopy(pipe)
+    ema.transformer.requires_grad_(False).eval()
+    ema.text_encoder.requires_grad_(False).eval()
+    modules = torch.nn.ModuleList([pipe.transformer, pipe.text_encoder])
+    ema_modules = torch.nn.ModuleList([ema.transformer, ema.text_encoder])
+    modules.train()
+    n_params = sum(p.numel() for p in pipe.transformer.parameters())
+    n_text = sum(p.numel() for p in pipe.text_encoder.parameters())
+    opt = torch.optim.AdamW(modules.parameters(), lr=args.lr, weight_decay=0.0)
+    data = train_batches(args.batch, args.seed, args.workers)
+    heldout = generate_prompts(args.eval_prompts, "heldout", seed=args.seed + 1)
+    empty_ids = pipe.tokenize([""])  # [1, L]
+    log_path = args.out_dir / "pretrain_log.jsonl"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    print(
+        f"transformer {n_params / 1e6:.2f} M params, text encoder {n_text / 1e6:.2f} M; "
+        f"batch {args.batch}, device {dev}, {args.threads} threads",
+        flush=True,
+    )
+
+    def log(row: dict) -> None:
+        with log_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+    def run_eval(step: int, train_s: float, samples: int) -> None:
+        adapter = ShapesT2IRolloutAdapter(ema, device=dev)
+        run = evaluate(
+            adapter, heldout, seeds=1, guidance_scale=args.eval_cfg, num_steps=args.eval_steps
+        )
+        s = summarise(run)
+        log(
+            {
+                "event": "eval",
+                "step": step,
+                "samples": samples,
+                "train_minutes": round(train_s / 60, 2),
+                "heldout_strict": round(s["overall"]["strict"], 4),
+                "heldout_partial": round(s["overall"]["partial"], 4),
+                "per_category": {c: round(e["strict"], 3) for c, e in s["categories"].items()},
+                "eval_s": round(run.seconds, 1),
+            }
+        )
+        save_atomic(ema, args.out_dir)
+
+    t_start = time.perf_counter()
+    train_s, samples, step = 0.0, 0, 0
+    next_eval = args.eval_every * 60
+    window_t, window_n, window_loss = time.perf_counter(), 0, 0.0
+    while True:
+        t0 = time.perf_counter()
+        texts, images = next(data)
+        x0 = encode_images(images).to(dev)  # float32 [B, 3, 32, 32] in [-1, 1]
+        ids = pipe.tokenize(texts)  # [B, L]
+        drop = torch.rand(args.batch, device=dev) < CFG_DROPOUT
+        ids = torch.where(drop[:, None], empty_ids.expand_as(ids), ids)
+        t = torch.sigmoid(torch.randn(args.batch, device=dev))  # logit-normal(0, 1)
+        eps = torch.randn_like(x0)
+        xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
+        pe, pooled = pipe.encode_ids(ids)
+        v = pipe.transformer(
+            hidden_states=xt,
+            timestep=t * 1000,
+            encoder_hidden_states=pe,
+            pooled_projections=pooled,
+            return_dict=False,
+        )[0]
+        loss = (v.float() - (eps - x0)).pow(2).mean()
+        for g in opt.param_groups:
+            g["lr"] = args.lr * min(1.0, (step + 1) / args.warmup)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
+        opt.step()
+        decay = min(args.ema, (1 + step) / (10 + step))
+        ema_update(ema_modules, modules, decay)
+        step += 1
+        samples += args.batch
+        train_s += time.perf_counter() - t0
+        window_n += args.batch
+        window_loss += loss.item()
+        if step % args.log_every == 0:
+            now = time.perf_counter()
+            log(
+                {
+                    "event": "train",
+                    "step": step,
+                    "loss": round(window_loss / args.log_every, 5),
+                    "samples_per_s": round(window_n / (now - window_t), 1),
+                    "train_minutes": round(train_s / 60, 2),
+                }
+            )
+            window_t, window_n, window_loss = now, 0, 0.0
+        elapsed = time.perf_counter() - t_start
+        done = elapsed >= args.minutes * 60 or (
+            args.max_steps is not None and step >= args.max_steps
+        )
+        if done or train_s >= next_eval:
+            run_eval(step, train_s, samples)
+            next_eval = train_s + args.eval_every * 60
+            window_t = time.perf_counter()  # eval time is not training throughput
+        if done:
+            break
+    log(
+        {
+            "event": "done",
+            "step": step,
+            "samples": samples,
+            "wall_minutes": round((time.perf_counter() - t_start) / 60, 2),
+            "samples_per_s_train": round(samples / max(train_s, 1e-9), 1),
+        }
+    )
+    if not math.isfinite(loss.item()):
+        print("loss is not finite", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
