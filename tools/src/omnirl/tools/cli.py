@@ -14,6 +14,9 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
     "keygen": ("omnirl.tools.keygen", "write a CurveZMQ key pair (NAME.key, NAME.key_secret)"),
+    "tap": ("omnirl.tools.tap", "record any stream: a PULL that writes a recording (and forwards)"),
+    "replay": ("omnirl.tools.replay", "feed a recording into a running trainer's intake"),
+    "inspect": ("omnirl.tools.inspect_recording", "summarise a recording; image grid of groups"),
 }
 
 
