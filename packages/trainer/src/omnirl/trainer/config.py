@@ -92,7 +92,7 @@ class SamplingConfig:
     guidance_scale: float = _sampling_default("guidance_scale")
     height: int = _sampling_default("height")
     width: int = _sampling_default("width")
-    noise_level: float = _sampling_default("noise_level")
+    noise_level: float | None = None  # null: the algorithm's (flow_grpo 0.7, dance_grpo 0.3)
     sde_window: list[int] | None = None  # [start, end) step indices; null: all steps
     sde_type: str | None = None  # null: the algorithm's SDE variant
     negative_prompt: str = _sampling_default("negative_prompt")

@@ -172,19 +172,30 @@ class FleetControl:
         )
 
     def _sampling(self, lease_id: str) -> SamplingParams:
+        from omnirl.trainer.algorithms.windows import lease_sampling
+
         s = self.cfg.sampling
+        seed = zlib.crc32(f"{self.cfg.run.seed}:{lease_id}".encode())
         return SamplingParams(
             group_size=self.cfg.data.group_size,
-            seed=zlib.crc32(f"{self.cfg.run.seed}:{lease_id}".encode()),
+            seed=seed,
             num_steps=s.num_steps,
             guidance_scale=s.guidance_scale,
             height=s.height,
             width=s.width,
-            noise_level=s.noise_level,
-            sde_window=tuple(s.sde_window) if s.sde_window is not None else None,
-            sde_type=s.sde_type or self.backend.sde_type,
             negative_prompt=s.negative_prompt,
             record_images=s.record_images,
+            # sde_type, noise_level, sde_window (the algorithm's window policy, one window
+            # per lease), same_initial_noise: the config's where set, else the algorithm's.
+            **lease_sampling(
+                self.cfg.algorithm.name,
+                seed=seed,
+                step=self.step,
+                num_steps=s.num_steps,
+                sde_type=s.sde_type or self.backend.sde_type,
+                noise_level=s.noise_level,
+                sde_window=s.sde_window,
+            ),
         )
 
     def _expire(self, now: float) -> None:

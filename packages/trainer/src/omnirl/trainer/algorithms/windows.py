@@ -28,10 +28,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omnirl.models.schedulers.window import check_window, random_window
 from omnirl.protocol.messages import DiffusionTrajectoryGroup
 
 SCHEDULES = ("random", "progressive")
+
+
+def check_window(num_steps: int, window: tuple[int, int] | list[int] | None) -> tuple[int, int]:
+    """``window`` as ``(start, end)`` with ``0 <= start < end <= num_steps`` (``None``: all).
+
+    The same rule as :func:`omnirl.models.schedulers.window.check_window`, kept here so that
+    building a lease does not import the model stack (diffusers).
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    if window is None:
+        return 0, num_steps
+    try:
+        start, end = (int(v) for v in window)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"sde_window must be (start, end), got {window!r}") from exc
+    if not 0 <= start < end <= num_steps:
+        raise ValueError(
+            f"sde_window {window!r} must satisfy 0 <= start < end <= num_steps ({num_steps})"
+        )
+    return start, end
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +92,8 @@ class WindowPolicy:
         lo, hi = check_window(num_steps, rng)
         size = min(self.size, hi - lo)
         if self.schedule == "random":
+            from omnirl.models.schedulers.window import random_window  # one seeded draw
+
             return random_window(seed, num_steps, size, (lo, hi))
         if step < 0:
             raise ValueError(f"optimisation step must be >= 0, got {step}")
@@ -185,3 +207,36 @@ def window_buckets(groups: Sequence[DiffusionTrajectoryGroup]) -> list[list[int]
                 )
         buckets.setdefault((g.sampling.num_steps, *steps), []).append(i)
     return list(buckets.values())
+
+
+def lease_sampling(
+    algorithm: str,
+    *,
+    seed: int,
+    step: int,
+    num_steps: int,
+    sde_type: str | None = None,
+    noise_level: float | None = None,
+    sde_window: tuple[int, int] | list[int] | None = None,
+) -> dict[str, object]:
+    """The algorithm-dependent ``SamplingParams`` fields of one lease.
+
+    The config's values (``sampling.sde_type``, ``noise_level``, ``sde_window``) win where set;
+    otherwise the algorithm's: its SDE variant and noise level (``sampling_defaults``), its
+    window policy at optimisation step ``step`` seeded by the lease ``seed``, and its
+    ``same_initial_noise``. Returns keyword arguments for ``SamplingParams``.
+    """
+    from omnirl.trainer.algorithms.registry import get_algorithm
+
+    spec = get_algorithm(algorithm)
+    defaults = spec.sampling_defaults
+    return {
+        "sde_type": sde_type or spec.sde_type,
+        "noise_level": float(
+            noise_level if noise_level is not None else defaults.get("noise_level", 0.7)
+        ),
+        "sde_window": lease_window(
+            spec.window_policy, seed=seed, step=step, num_steps=num_steps, configured=sde_window
+        ),
+        "same_initial_noise": bool(defaults.get("same_initial_noise", False)),
+    }
