@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train on intake groups this run did not lease (to be fed by `uv run replay`)",
     )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic GPU kernels, no TF32, math attention (slower; docs/recording.md)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the merged config and exit")
     return p
 
@@ -72,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.server import TrainerServer
 
+    if args.deterministic:
+        from omnirl.trainer.determinism import enable_determinism
+
+        enable_determinism()
     recorder = None
     try:
         backend = AdapterBackend(cfg)
