@@ -361,6 +361,8 @@ class TrainStep:
         in_update[rows] = True
         for b, (batch_rows, batch) in enumerate(batches):
             local = in_update[batch_rows].nonzero().flatten()  # this update's rows of the batch
+            if len(local) == 0:
+                continue
             for micro in local.split(chunk):
                 mb = batch.select(micro)
                 out = self.adapter.transition(mb, sde_type=sde_type)
