@@ -153,3 +153,20 @@ def test_recording_at_minor_n_reads_and_decodes_at_minor_n_plus_1(tmp_path):
     (record,) = RecordingReader(tmp_path / "n1").records()
     assert record.protocol == (1, 1) and len(record.frames) == 2
     assert isinstance(old.decode(record.frames), PingV0)
+
+
+def test_the_worked_example_in_the_docs_is_what_the_writer_writes(tmp_path):
+    import re
+    from pathlib import Path
+
+    from omnirl.protocol.recording import encode_file_header
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "recording.md").read_text()
+    blocks = re.findall(r"```\n(4f 4d 4e.*?|4f 52 43 31.*?)```", doc, re.S)
+    header, record = (
+        bytes.fromhex(" ".join(line[:26] for line in b.splitlines())) for b in blocks[:2]
+    )
+    assert header == encode_file_header(1764700000.0, (1, 0))
+    with RecordingWriter(tmp_path, protocol=(1, 0)) as w:
+        w.write([b"hi", b"\x01\x02\x03"], recv_time=1764700000.25)
+    assert segment_paths(tmp_path)[0].read_bytes()[FILE_HEADER_SIZE:] == record
