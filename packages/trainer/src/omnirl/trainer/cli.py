@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.server import TrainerServer
 
+    if args.replay is not None and not os.path.isdir(args.replay):
+        print(f"trainer: --replay {args.replay}: not a recording directory", file=sys.stderr)
+        return 2
     if args.deterministic:
         from omnirl.trainer.determinism import enable_determinism
 
