@@ -67,7 +67,9 @@ def _welcome(sockets, address: str, worker_id: str, timeout_s: float):
         if isinstance(got.message, Welcome):
             return got.message
         if isinstance(got.message, Refusal):
-            raise ConnectionRefusedError(f"trainer refused: {got.message.code}: {got.message.reason}")
+            raise ConnectionRefusedError(
+                f"trainer refused: {got.message.code}: {got.message.reason}"
+            )
     raise TimeoutError(f"no Welcome from {address} within {timeout_s:.0f} s")
 
 
