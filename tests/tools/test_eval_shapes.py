@@ -122,3 +122,31 @@ def test_shapes_eval_reward_prefers_the_correct_render():
     assert with_meta == out
     with pytest.raises(ValueError):
         reward(ScoreBatch(np.stack([right]), ["a photo of a zebra"]))
+
+
+def test_eval_loads_a_trainer_saved_lora_like_a_weight_update(pretrained, tmp_path):
+    import torch
+
+    from omnirl.models.shapes_t2i import ShapesT2IRolloutAdapter, ShapesT2ITrainingAdapter
+    from omnirl.tools.eval_shapes import evaluate, load_adapter
+
+    lora = {"r": 4, "lora_alpha": 8}
+    train = ShapesT2ITrainingAdapter.from_pretrained(pretrained, lora=lora)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in train.trainable_parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    train.save_pretrained(tmp_path / "lora")
+    pushed = ShapesT2IRolloutAdapter.from_pretrained(pretrained, lora=lora)
+    pushed.load_weights("lora", train.export_weights())
+    specs = generate_prompts(2, "heldout", seed=0)
+    kw = {"seeds": 1, "num_steps": 2}
+    from_disk = evaluate(
+        load_adapter(pretrained, lora=tmp_path / "lora", lora_alpha=8), specs, **kw
+    )
+    base = evaluate(load_adapter(pretrained), specs, **kw)
+    expected = evaluate(pushed, specs, **kw)
+    assert np.array_equal(from_disk.images, expected.images)
+    assert not np.array_equal(base.images, expected.images)
+    with pytest.raises(FileNotFoundError):
+        load_adapter(pretrained, lora=tmp_path)

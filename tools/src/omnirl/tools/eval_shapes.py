@@ -1,7 +1,7 @@
 """Score a text-to-image checkpoint on ShapesEval prompts: strict accuracy per category.
 
     uv run python -m omnirl.tools.eval_shapes CHECKPOINT --prompts FILE --seeds 2 \
-        [--cfg 3] [--steps 20] [--sde-type ode] [--lora DIR] [--out DIR] [--limit N]
+        [--cfg 3] [--steps 10] [--sde-type ode] [--lora DIR] [--out DIR] [--limit N]
 
 Each prompt is sampled ``--seeds`` times with the checkpoint's registered rollout adapter
 (the same code path as RL rollouts; ``--sde-type ode`` is deterministic, the SDE types are
@@ -62,7 +62,7 @@ def evaluate(
     *,
     seeds: int = 2,
     guidance_scale: float = 3.0,
-    num_steps: int = 20,
+    num_steps: int = 10,
     sde_type: str = "ode",
     image_size: int = 32,
     seed: int = 0,
@@ -173,16 +173,51 @@ def write_grid(run: EvalRun, path: str | Path, *, rows: int = 12, scale: int = 3
     return path
 
 
-def load_adapter(checkpoint: str | Path, *, device: str = "cpu", lora: str | Path | None = None):
-    """The checkpoint's registered rollout adapter; ``lora``: a folder holding
-    ``pytorch_lora_weights.safetensors`` (as a training adapter's ``save_pretrained`` writes)."""
+LORA_FILE = "pytorch_lora_weights.safetensors"
+
+
+def read_lora(directory: str | Path, *, alpha: float | None = None) -> tuple[dict, dict]:
+    """``(tensors, adapter_config)`` of a LoRA folder as a training adapter's
+    ``save_pretrained`` writes it (``pytorch_lora_weights.safetensors``, keys prefixed
+    ``transformer.``). The file does not record ``lora_alpha``: it comes from ``alpha``,
+    else ``DIRECTORY/adapter_config.json``, else it is taken equal to the rank (scale 1).
+    Rank and target modules are read from the tensors."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    path = directory / LORA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {LORA_FILE} in {directory}")
+    tensors = {k.removeprefix("transformer."): v for k, v in load_file(path).items()}
+    a_keys = [k for k in tensors if k.endswith(".lora_A.weight")]
+    if not a_keys:
+        raise ValueError(f"{path} holds no lora_A weights")
+    rank = int(tensors[a_keys[0]].shape[0])
+    targets = sorted({k.removesuffix(".lora_A.weight").split(".", 2)[-1] for k in a_keys})
+    config_file = directory / "adapter_config.json"
+    if alpha is None and config_file.is_file():
+        alpha = json.loads(config_file.read_text()).get("lora_alpha")
+    config = {"r": rank, "lora_alpha": float(alpha if alpha is not None else rank)}
+    config["target_modules"] = targets
+    return tensors, config
+
+
+def load_adapter(
+    checkpoint: str | Path,
+    *,
+    device: str = "cpu",
+    lora: str | Path | None = None,
+    lora_alpha: float | None = None,
+):
+    """The checkpoint's registered rollout adapter, with the LoRA folder ``lora`` applied
+    the way a rollout worker applies a weight update (see :func:`read_lora`)."""
     from omnirl.models.registry import architecture_of, get_rollout_adapter
 
     cls = get_rollout_adapter(architecture_of(checkpoint))
     adapter = cls.from_pretrained(checkpoint, device=device)
     if lora is not None:
-        adapter.transformer.load_lora_adapter(str(lora), prefix="transformer")
-        adapter.transformer.eval()
+        tensors, config = read_lora(lora, alpha=lora_alpha)
+        adapter.load_weights("lora", tensors, adapter_config=config)
     return adapter
 
 
@@ -194,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=Path, required=True, help="JSONL prompt file")
     parser.add_argument("--seeds", type=int, default=2, help="samples per prompt")
     parser.add_argument("--cfg", type=float, default=3.0, help="guidance scale")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--sde-type", default="ode", choices=("ode", "sde", "cps", "dance_sde"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lora", type=Path, default=None)
+    parser.add_argument("--lora", type=Path, default=None, help="LoRA folder (trainer-saved)")
+    parser.add_argument("--lora-alpha", type=float, default=None, help="default: its rank")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -211,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     specs = load_prompt_file(args.prompts)[: args.limit]
-    adapter = load_adapter(args.checkpoint, device=args.device, lora=args.lora)
+    adapter = load_adapter(
+        args.checkpoint, device=args.device, lora=args.lora, lora_alpha=args.lora_alpha
+    )
     run = evaluate(
         adapter,
         specs,
