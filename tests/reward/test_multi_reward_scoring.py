@@ -44,7 +44,8 @@ class PromptLength:
         assert batch.images is None  # not handed what it did not declare
         return {
             "test_multi_no_images": [
-                float(len(p) + m.get("bonus", 0)) for p, m in zip(batch.prompts, batch.metadata)
+                float(len(p) + m.get("bonus", 0))
+                for p, m in zip(batch.prompts, batch.metadata, strict=True)
             ]
         }
 
@@ -120,7 +121,7 @@ def test_an_exception_in_a_batch_is_traced_to_its_group():
     results = score_groups(groups, parse_scorer_spec("test_multi_mean_pixel"), scorer_id="r")
     assert isinstance(results[1], ScoringError) and "kaboom" in str(results[1])
     assert [isinstance(r, ScoringError) for r in results] == [False, True, False]
-    with pytest.raises(ScoringError, match="g1.*RuntimeError: kaboom"):
+    with pytest.raises(ScoringError, match=r"g1.*RuntimeError: kaboom"):
         score_group(groups[1], parse_scorer_spec("test_multi_mean_pixel"), scorer_id="r")
 
 

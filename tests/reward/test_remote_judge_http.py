@@ -4,6 +4,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -16,8 +17,8 @@ from omnirl.reward.scoring import parse_scorer_spec, score_groups
 class Judge(BaseHTTPRequestHandler):
     """Answers per the prompt: 'score N' -> 'SCORE: N'; 'flaky' -> 503 twice; 'slow' sleeps."""
 
-    attempts: dict[str, int] = {}
-    seen: list[dict] = []
+    attempts: ClassVar[dict[str, int]] = {}
+    seen: ClassVar[list[dict]] = []
 
     def log_message(self, *args):
         pass
