@@ -28,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="exit (code 2) after the trainer is unreachable this long (s)",
     )
+    parser.add_argument(
+        "--batch-groups", type=int, default=1, help="score up to N queued groups together"
+    )
+    parser.add_argument(
+        "--score-threads", type=int, default=1, help="threads for thread-safe rewards"
+    )
     parser.add_argument("--log-level", default="INFO")
     add_security_arguments(parser, default_name="reward")
     return parser
@@ -47,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         scorers = parse_scorer_spec(args.scorer)
-    except (UnknownScorer, ScorerSpecError) as exc:
+    except (UnknownScorer, ScorerSpecError, ValueError) as exc:  # bad options, bad folders
         print(f"reward: {exc}", file=sys.stderr)
         return 2
     worker = RewardWorker(
@@ -58,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             worker_id=args.worker_id,
             security=SecurityConfig.from_args(args),
             trainer_timeout_s=args.trainer_timeout,
+            batch_groups=max(1, args.batch_groups),
+            score_threads=max(1, args.score_threads),
         )
     )
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import zmq
@@ -32,7 +33,7 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint, send_message
-from omnirl.reward.scoring import ScoringError, WeightedScorer, score_group
+from omnirl.reward.scoring import ScoringError, WeightedScorer, score_groups
 
 log = logging.getLogger("omnirl.reward")
 
@@ -50,6 +51,8 @@ class RewardWorkerConfig:
     max_bytes: int = 1 << 31
     hello_retry_s: float = 5.0
     send_timeout_s: float = 10.0
+    batch_groups: int = 1  # score up to this many already-queued groups in one batch
+    score_threads: int = 1  # thread pool for rewards that declare thread_safe
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class RewardWorker:
         self._context = context
         self._stop = False
         self._welcome: Welcome | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def stop(self) -> None:
         self._stop = True
@@ -143,12 +147,17 @@ class RewardWorker:
                             push.setsockopt(zmq.SNDTIMEO, int(cfg.send_timeout_s * 1000))
                             push_address = intake
                     elif sock is pull:
-                        frames = pull.recv_multipart(copy=False)
+                        batch = [pull.recv_multipart(copy=False)]
+                        while len(batch) < cfg.batch_groups:  # what is queued already
+                            try:
+                                batch.append(pull.recv_multipart(zmq.NOBLOCK, copy=False))
+                            except zmq.Again:
+                                break
                         if push is None:
-                            self.counters.malformed += 1
+                            self.counters.malformed += len(batch)
                             log.warning("%s: group before welcome, dropped", self.worker_id)
                             continue
-                        for out in self.process(frames):
+                        for out in self.process_batch(batch):
                             try:
                                 push.send_multipart(out, copy=False)
                             except zmq.Again:  # the trainer's intake is away or full
@@ -161,6 +170,8 @@ class RewardWorker:
                                 )
             return EXIT_OK
         finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
             control.disable_monitor()
             monitor.close(linger=0)
             sockets.close()
@@ -168,38 +179,63 @@ class RewardWorker:
     # -------------------------------------------------------------------------- messages
 
     def process(self, frames: list) -> list[list]:
-        """Score one received multipart message; return the messages to forward (0 or 1).
+        """Score one received multipart message; return the messages to forward (0 or 1)."""
+        return self.process_batch([frames])
 
-        A message that cannot be decoded is dropped and counted; one that cannot be scored
-        becomes a ``Refusal(code="reward_failed", ref=group_id)`` on the intake.
+    def process_batch(self, messages: list[list]) -> list[list]:
+        """Score received multipart messages together; return the messages to forward.
+
+        A message that cannot be decoded is dropped and counted; a group that cannot be
+        scored becomes a ``Refusal(code="reward_failed", ref=group_id)`` on the intake, the
+        other groups of the batch are scored as usual. Rewards see the samples of all groups
+        at once (``batchable``), split over ``score_threads`` (``thread_safe``).
         """
         t0 = time.perf_counter()
-        try:
-            msg = decode(frames, max_bytes=self.config.max_bytes, check_finite=False)
-        except ProtocolError as exc:
-            self.counters.malformed += 1
-            log.warning("%s: dropped a malformed message: %s", self.worker_id, exc)
-            return []
-        if not isinstance(msg, DiffusionTrajectoryGroup):
-            self.counters.refused += 1
-            reason = (
-                f"reward worker {self.worker_id} scores diffusion groups, got {type(msg).__name__}"
-            )
-            log.warning("%s: %s", self.worker_id, reason)
-            return [
-                encode(Refusal(code="unsupported", reason=reason, ref=getattr(msg, "group_id", "")))
-            ]
-        try:
-            msg.rewards = score_group(msg, self.config.scorers, scorer_id=self.worker_id)
-        except ScoringError as exc:
-            self.counters.refused += 1
-            log.warning("%s: %s (lease %s)", self.worker_id, exc, msg.lease_id)
-            reason = f"{exc} (lease {msg.lease_id}, worker {msg.worker_id})"
-            return [encode(Refusal(code="reward_failed", reason=reason, ref=msg.group_id))]
-        msg.timings = {**msg.timings, "reward_s": time.perf_counter() - t0}
-        self.counters.scored += 1
-        # The large tensors were not read; the trainer checks their finiteness on intake.
-        return [encode(msg, check_finite=False)]
+        forwards: list[list] = []
+        groups: list[DiffusionTrajectoryGroup] = []
+        for frames in messages:
+            try:
+                msg = decode(frames, max_bytes=self.config.max_bytes, check_finite=False)
+            except ProtocolError as exc:
+                self.counters.malformed += 1
+                log.warning("%s: dropped a malformed message: %s", self.worker_id, exc)
+                continue
+            if not isinstance(msg, DiffusionTrajectoryGroup):
+                self.counters.refused += 1
+                reason = (
+                    f"reward worker {self.worker_id} scores diffusion groups, "
+                    f"got {type(msg).__name__}"
+                )
+                log.warning("%s: %s", self.worker_id, reason)
+                ref = getattr(msg, "group_id", "")
+                forwards.append(encode(Refusal(code="unsupported", reason=reason, ref=ref)))
+                continue
+            groups.append(msg)
+        if self._pool is None and self.config.score_threads > 1:
+            self._pool = ThreadPoolExecutor(self.config.score_threads, thread_name_prefix="score")
+        results = score_groups(
+            groups,
+            self.config.scorers,
+            scorer_id=self.worker_id,
+            pool=self._pool,
+            workers=self.config.score_threads,
+        )
+        elapsed = time.perf_counter() - t0
+        for msg, result in zip(groups, results, strict=True):
+            if isinstance(result, ScoringError):
+                self.counters.refused += 1
+                log.warning("%s: %s (lease %s)", self.worker_id, result, msg.lease_id)
+                reason = f"{result} (lease {msg.lease_id}, worker {msg.worker_id})"
+                forwards.append(
+                    encode(Refusal(code="reward_failed", reason=reason, ref=msg.group_id))
+                )
+                continue
+            msg.rewards = result
+            msg.timings = {**msg.timings, "reward_s": elapsed}
+            self.counters.scored += 1
+            # The large tensors were not read; the trainer checks their finiteness on intake.
+            forwards.append(encode(msg, check_finite=False))
+        return forwards
 
     def _on_control(self, frames: list) -> int | None:
         try:
