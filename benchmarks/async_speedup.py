@@ -34,7 +34,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 
 TRAINER = textwrap.dedent(
     """
-    import sys, time, torch
+    import logging, sys, time, torch
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from omnirl.trainer.config import load_config
     from omnirl.trainer.server import TrainerServer
 
@@ -57,7 +58,8 @@ TRAINER = textwrap.dedent(
 
 ROLLOUT = textwrap.dedent(
     """
-    import sys, time, torch
+    import logging, sys, time, torch
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from omnirl.models.registry import register_rollout_adapter
     from omnirl.protocol.messages import DiffusionTrajectoryGroup
     from omnirl.rollout.worker import RolloutWorker, RolloutWorkerConfig
@@ -127,7 +129,9 @@ def run_mode(staleness: int, args, workdir: Path) -> dict:
             spawn("reward", [str(BIN / "reward"), "--trainer", address, "--worker-id", "reward-0"])
         )
         procs.append(spawn("rollout", [sys.executable, "-c", ROLLOUT, address, str(args.sample_s)]))
-        code = trainer.wait(args.steps * (args.train_s + args.groups * args.sample_s) * 3 + 180)
+        code = trainer.wait(
+            args.steps * (args.train_s + args.groups * args.sample_s) * 3 + 420
+        )  # start-up is slow on a loaded box
         if code != 0:
             raise RuntimeError(f"trainer exited {code}")
     finally:
