@@ -14,6 +14,8 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
     "keygen": ("omnirl.tools.keygen", "write a CurveZMQ key pair (NAME.key, NAME.key_secret)"),
+    "launch": ("omnirl.tools.launch", "start a trainer and its rollout / reward workers here"),
+    "status": ("omnirl.tools.status", "show a running trainer's fleet, versions and leases"),
     "tap": ("omnirl.tools.tap", "record any stream: a PULL that writes a recording (and forwards)"),
     "replay": ("omnirl.tools.replay", "feed a recording into a running trainer's intake"),
     "inspect": ("omnirl.tools.inspect_recording", "summarise a recording; image grid of groups"),
