@@ -158,6 +158,22 @@ class DiffusionTrainingAdapter(abc.ABC):
         LoRA: the adapter disabled. Full: a frozen copy of the initial weights, made lazily.
         """
 
+    def velocity(self, latents: Tensor, timesteps: Tensor, batch: Any) -> Tensor:
+        """The policy's velocity float32 ``[B, C, H, W]`` at noisy ``latents`` ``[B, C, H, W]``
+        and ``timesteps`` ``[B]``, conditioned on a
+        :class:`~omnirl.models.clean_batch.CleanSampleBatch`. Forward-process objectives
+        (DiffusionNFT, Diffusion-DPO) need it; a family that lacks it cannot run them."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no velocity(); forward-process objectives "
+            "(diffusion_nft, diffusion_dpo) need it"
+        )
+
+    def sampling_sigmas(self, num_steps: int, latent_hw: tuple[int, int]) -> Tensor:
+        """The rollout's sampling schedule ``sigmas`` float32 ``[T]`` (no terminal 0)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no sampling_sigmas(); forward-process objectives need it"
+        )
+
     @abc.abstractmethod
     def export_weights(self) -> dict[str, Tensor]:
         """What a weight update carries: LoRA tensors only, or every transformer weight.

@@ -57,6 +57,10 @@ _FALLBACKS: dict[str, Any] = {
     "timestep_fraction": 1.0,
     "timestep_selection": "first",
     "kl_mask_threshold": 1e-5,  # Flow-DPPO's trust region
+    # forward-process objectives (omnirl.trainer.forward_step)
+    "nft_beta": 1.0,  # DiffusionNFT's mixing strength
+    "old_decay_rate": 0.001,  # DiffusionNFT's lagging policy: decay = min(rate * n, max)
+    "old_decay_max": 0.5,
 }
 
 
@@ -65,7 +69,20 @@ class TrainStepInputError(ValueError):
 
 
 class TrainStep:
-    """One FlowGRPO-family optimisation step over a batch of scored groups."""
+    """One FlowGRPO-family optimisation step over a batch of scored groups.
+
+    An algorithm whose spec says ``needs_log_probs=False`` (a forward-process objective)
+    gets a :class:`omnirl.trainer.forward_step.ForwardProcessStep` instead, with the same
+    public surface (``step``, ``state_dict``, ``load_state_dict``, ``config``, ``spec``).
+    """
+
+    def __new__(cls, adapter=None, algorithm=None, config=None):
+        spec = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
+        if cls is TrainStep and spec is not None and not spec.needs_log_probs:
+            from omnirl.trainer.forward_step import ForwardProcessStep
+
+            return ForwardProcessStep(adapter, spec, config)
+        return super().__new__(cls)
 
     @dataclass(kw_only=True, slots=True)
     class Config:
@@ -89,6 +106,9 @@ class TrainStep:
         timestep_fraction: float | None = None  # of the recorded steps, in (0, 1]
         timestep_selection: str | None = None  # "first" | "random"
         kl_mask_threshold: float | None = None  # Flow-DPPO: per-step KL(new || prox) bound
+        nft_beta: float | None = None  # DiffusionNFT (forward_step.py)
+        old_decay_rate: float | None = None  # DiffusionNFT's lagging old policy
+        old_decay_max: float | None = None
         micro_batch_size: int = 0
         inner_epochs: int = 1
         num_minibatches: int = 1  # optimiser updates per inner epoch

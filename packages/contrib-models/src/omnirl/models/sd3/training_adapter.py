@@ -16,10 +16,11 @@ import torch
 from torch import Tensor
 
 from omnirl.models.base import DiffusionTrainingAdapter, WeightFormat
+from omnirl.models.clean_batch import CleanSampleBatch
 from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
 from omnirl.models.sd3.lora import add_lora
-from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
+from omnirl.models.sd3.step import SD3Conditioning, guided_velocity, sd3_step, set_schedule
 from omnirl.models.transitions import TransitionBatch
 from omnirl.models.weights import full_state, lora_state, lora_targets
 
@@ -141,6 +142,40 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             prev_sample=batch.next_latents.to(dev),
             model_dtype=self.model_dtype,
         )
+
+    # ------------------------------------------------------- forward-process objectives
+
+    def velocity(self, latents: Tensor, timesteps: Tensor, batch: CleanSampleBatch) -> Tensor:
+        """The policy's guided velocity float32 ``[B, C, H, W]`` at noisy ``latents``.
+
+        ``latents`` float32 ``[B, C, H, W]`` (``x_t``), ``timesteps`` float32 ``[B]``
+        (``1000 * t``); conditioning and guidance scale from ``batch``. The same function as
+        the rollout's step (:func:`guided_velocity`); differentiable w.r.t. the trainable
+        parameters; inside :meth:`reference`, the reference policy's.
+        """
+        model = self._reference_model if self._in_reference else self.transformer
+        dev = self.device
+        cond = SD3Conditioning(
+            prompt_embeds=batch.prompt_embeds.to(dev),
+            pooled_prompt_embeds=batch.pooled_prompt_embeds.to(dev),
+            negative_prompt_embeds=_to(batch.negative_prompt_embeds, dev),
+            negative_pooled_prompt_embeds=_to(batch.negative_pooled_prompt_embeds, dev),
+        )
+        return guided_velocity(
+            model,
+            latents.to(dev),
+            timesteps.to(dev),
+            cond,
+            batch.guidance_scale,
+            model_dtype=self.model_dtype,
+        )
+
+    def sampling_sigmas(self, num_steps: int, latent_hw: tuple[int, int]) -> Tensor:
+        """The rollout's schedule ``sigmas`` float32 ``[T]`` (without the terminal 0), CPU."""
+        _, sigmas = set_schedule(
+            self.scheduler, num_steps, latent_hw, self.transformer.config.patch_size, "cpu"
+        )
+        return sigmas[:-1].clone()
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:

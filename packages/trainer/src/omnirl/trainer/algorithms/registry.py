@@ -29,6 +29,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "omnirl.trainer.algorithms.dance_grpo",
     "omnirl.trainer.algorithms.grpo_guard",
     "omnirl.trainer.algorithms.flow_dppo",
+    "omnirl.trainer.algorithms.diffusion_nft",
 )
 ENTRY_POINT_GROUP = "omnirl.algorithms"
 
