@@ -61,6 +61,7 @@ _FALLBACKS: dict[str, Any] = {
     "nft_beta": 1.0,  # DiffusionNFT's mixing strength
     "old_decay_rate": 0.001,  # DiffusionNFT's lagging policy: decay = min(rate * n, max)
     "old_decay_max": 0.5,
+    "dpo_beta": 5000.0,  # Diffusion-DPO's inverse temperature
 }
 
 
@@ -109,6 +110,7 @@ class TrainStep:
         nft_beta: float | None = None  # DiffusionNFT (forward_step.py)
         old_decay_rate: float | None = None  # DiffusionNFT's lagging old policy
         old_decay_max: float | None = None
+        dpo_beta: float | None = None  # Diffusion-DPO (forward_step.py)
         micro_batch_size: int = 0
         inner_epochs: int = 1
         num_minibatches: int = 1  # optimiser updates per inner epoch

@@ -102,6 +102,9 @@ class DiffusionNFTLoss:
     def needs_reference(self) -> bool:
         return self.config.kl_beta > 0
 
+    def needs_old(self) -> bool:
+        return True
+
     def __call__(self, inputs: NFTLossInputs) -> LossOutput:
         cfg = self.config
         x0, x_t, v_theta = inputs.x0, inputs.x_t, inputs.v_theta

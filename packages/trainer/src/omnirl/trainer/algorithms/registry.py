@@ -30,6 +30,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "omnirl.trainer.algorithms.grpo_guard",
     "omnirl.trainer.algorithms.flow_dppo",
     "omnirl.trainer.algorithms.diffusion_nft",
+    "omnirl.trainer.algorithms.diffusion_dpo",
 )
 ENTRY_POINT_GROUP = "omnirl.algorithms"
 
