@@ -51,7 +51,14 @@ def test_fleet_lora_kill_and_late_join(tiny_sd3_path, tmp_path):
     late = None
     try:
         r0, r1 = logs / "rollout-0.log", logs / "rollout-1.log"
-        wait_for(lambda: len(applied_versions(r1)) >= 2, 300, "rollout-1 at version 1", [launcher])
+        # both workers must be sampling: on a quiet machine one worker can reach version 2
+        # before the other has finished loading its model
+        wait_for(
+            lambda: len(applied_versions(r1)) >= 2 and applied_versions(r0),
+            300,
+            "rollout-1 at version 1 and rollout-0 ready",
+            [launcher],
+        )
 
         # (b) stop rollout-1 just after a lease arrives, check it has not finished, SIGKILL it.
         pid = int(re.search(r"started rollout-1 \(pid (\d+)\)", read(launch_log))[1])
