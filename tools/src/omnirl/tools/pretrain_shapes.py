@@ -2,6 +2,7 @@
 
     uv run python -m omnirl.tools.pretrain_shapes OUT_DIR [--minutes 60] [--device cpu]
         [--batch 64] [--lr 5e-4] [--preset base] [--eval-every 5] [--eval-prompts 120]
+        [--snapshots]
 
 Rectified flow: ``x_t = (1 - t) x0 + t eps``, target ``v = eps - x0``, ``t`` logit-normal
 (SD3's ``logit_normal(0, 1)``), the model called at timestep ``1000 t`` as SD3's sampler
@@ -9,8 +10,11 @@ calls it. Each batch draws train-split prompts (categories balanced) and renders
 fresh random seeds; 10 % of the texts are replaced by the empty prompt (the negative prompt
 of classifier-free guidance). The transformer and the text encoder train jointly (AdamW);
 an EMA of both is what is evaluated and saved. Every ``--eval-every`` minutes the EMA model
-is scored on held-out prompts (strict accuracy, ``omnirl.tools.eval_shapes``) and written
-to ``OUT_DIR`` (a ShapesT2I folder); ``OUT_DIR/pretrain_log.jsonl`` holds the curve.
+is scored on held-out prompts and on train prompts (strict accuracy,
+``omnirl.tools.eval_shapes``) and written to ``OUT_DIR`` (a ShapesT2I folder);
+``OUT_DIR/pretrain_log.jsonl`` holds the curve. With ``--snapshots`` every evaluated model
+is also kept as ``OUT_DIR/snapshots/step_NNNNNNN``, so that a base model of a chosen
+accuracy can be picked afterwards.
 """
 
 from __future__ import annotations
@@ -75,8 +79,10 @@ def train_batches(batch: int, seed: int, workers: int):
 
 @torch.no_grad()
 def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
-        pe.lerp_(pm.detach(), 1.0 - decay)
+    """``ema <- decay * ema + (1 - decay) * model``, one fused op over all parameters."""
+    torch._foreach_lerp_(
+        list(ema.parameters()), [p.detach() for p in model.parameters()], 1.0 - decay
+    )
 
 
 def save_atomic(pipe, out_dir: Path) -> None:
@@ -84,7 +90,7 @@ def save_atomic(pipe, out_dir: Path) -> None:
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     pipe.save_pretrained(tmp)
-    keep = {"pretrain_log.jsonl", "eval_grid.png"}
+    keep = {"pretrain_log.jsonl", "eval_grid.png", "snapshots"}
     out_dir.mkdir(parents=True, exist_ok=True)
     for child in out_dir.iterdir():
         if child.name not in keep:
@@ -114,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=float, default=5.0, help="minutes between evals")
     parser.add_argument("--eval-prompts", type=int, default=120, help="held-out prompts")
     parser.add_argument("--eval-cfg", type=float, default=3.0)
-    parser.add_argument("--eval-steps", type=int, default=20)
+    parser.add_argument("--eval-steps", type=int, default=10)
+    parser.add_argument(
+        "--eval-train-prompts", type=int, default=0, help="train prompts scored too (0: none)"
+    )
+    parser.add_argument(
+        "--snapshots", action="store_true", help="keep every evaluated model in OUT_DIR/snapshots"
+    )
     parser.add_argument("--workers", type=int, default=0, help="render processes (0: inline)")
     parser.add_argument("--log-every", type=int, default=20, help="steps between log lines")
     args = parser.parse_args(argv)
@@ -124,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed).to(dev)
     ema = copy.deepcopy(pipe)
     ema.transformer.requires_grad_(False).eval()
@@ -133,9 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     modules.train()
     n_params = sum(p.numel() for p in pipe.transformer.parameters())
     n_text = sum(p.numel() for p in pipe.text_encoder.parameters())
-    opt = torch.optim.AdamW(modules.parameters(), lr=args.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        modules.parameters(), lr=args.lr, weight_decay=0.0, fused=dev.type == "cuda"
+    )
     data = train_batches(args.batch, args.seed, args.workers)
     heldout = generate_prompts(args.eval_prompts, "heldout", seed=args.seed + 1)
+    train_eval = generate_prompts(args.eval_train_prompts, "train", seed=args.seed + 2)
     empty_ids = pipe.tokenize([""])  # [1, L]
     log_path = args.out_dir / "pretrain_log.jsonl"
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,23 +171,29 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_eval(step: int, train_s: float, samples: int) -> None:
         adapter = ShapesT2IRolloutAdapter(ema, device=dev)
-        run = evaluate(
-            adapter, heldout, seeds=1, guidance_scale=args.eval_cfg, num_steps=args.eval_steps
-        )
-        s = summarise(run)
-        log(
-            {
-                "event": "eval",
-                "step": step,
-                "samples": samples,
-                "train_minutes": round(train_s / 60, 2),
-                "heldout_strict": round(s["overall"]["strict"], 4),
-                "heldout_partial": round(s["overall"]["partial"], 4),
-                "per_category": {c: round(e["strict"], 3) for c, e in s["categories"].items()},
-                "eval_s": round(run.seconds, 1),
-            }
-        )
+        row = {
+            "event": "eval",
+            "step": step,
+            "samples": samples,
+            "train_minutes": round(train_s / 60, 2),
+        }
+        t0 = time.perf_counter()
+        for split, specs in (("heldout", heldout), ("train", train_eval)):
+            if not specs:
+                continue
+            run = evaluate(
+                adapter, specs, seeds=1, guidance_scale=args.eval_cfg, num_steps=args.eval_steps
+            )
+            s = summarise(run)
+            row[f"{split}_strict"] = round(s["overall"]["strict"], 4)
+            row[f"{split}_partial"] = round(s["overall"]["partial"], 4)
+            cats = {c: round(e["strict"], 3) for c, e in s["categories"].items()}
+            row["per_category" if split == "heldout" else "train_per_category"] = cats
+        row["eval_s"] = round(time.perf_counter() - t0, 1)
+        log(row)
         save_atomic(ema, args.out_dir)
+        if args.snapshots:
+            ema.save_pretrained(args.out_dir / "snapshots" / f"step_{step:07d}")
 
     t_start = time.perf_counter()
     train_s, samples, step = 0.0, 0, 0

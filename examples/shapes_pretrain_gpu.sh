@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Pretrain ShapesEval base-model candidates on one GPU, three runs side by side, and keep
+# snapshots of each so that a base model of the wanted held-out accuracy can be chosen.
+#
+# On the device tool's nvidia-h200 (16 cores; its image lacks diffusers, msgspec, pyzmq:
+# carry them as wheels in .whl/, see /work/.library/device/README.md):
+#
+#   bash examples/shapes_pretrain_gpu.sh          # run: carry [".whl"], OUT set by the tool
+#
+# Anywhere else with a GPU and `uv sync` done: `OUT=runs/pretrain uv run bash examples/...`.
+# The three runs are small and launch-bound, so they share one GPU at little cost; each
+# renders its own data in 4 processes. Every minute each evaluates its EMA model on 240
+# held-out and 120 train prompts (10 ODE steps, CFG 3) and keeps a snapshot. At the end
+# the script keeps, per run, the snapshots nearest held-out strict 0.3 and 0.45 and the last
+# one, in tarballs of at most 15 MB (the device tool returns at most 8 files of 16 MB), and
+# the logs in logs.tgz.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/pretrain_gpu}
+MINUTES=${MINUTES:-7.5}
+DEVICE=${DEVICE:-cuda}
+EVAL_HELDOUT=${EVAL_HELDOUT:-240}
+EVAL_TRAIN=${EVAL_TRAIN:-120}
+WORK=${WORK:-/tmp/shapes_pretrain}
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=${PYTHONPATH:-}
+if [ -d .whl ] && ! python3 -c "import diffusers, msgspec, zmq" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+for p in protocol contrib-models reward rollout trainer; do
+    PYTHONPATH=$PWD/packages/$p/src:$PYTHONPATH
+done
+export PYTHONPATH=$PWD/tools/src:$PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+
+run() {
+    local name=$1
+    shift
+    python3 -m omnirl.tools.pretrain_shapes "$WORK/$name" --device "$DEVICE" \
+        --minutes "$MINUTES" --threads 1 --workers 4 --eval-every 1 --snapshots \
+        --eval-prompts "$EVAL_HELDOUT" --eval-train-prompts "$EVAL_TRAIN" --log-every 200 \
+        "$@" >"$WORK/$name.log" 2>&1 &
+}
+run base --preset base --batch 256 --lr 1e-3
+run small --preset small --batch 256 --lr 1e-3
+run base_lr3e-4 --preset base --batch 256 --lr 3e-4
+wait
+
+python3 - "$WORK" "$OUT" <<'PY'
+import json, shutil, subprocess, sys
+from pathlib import Path
+
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_file()):
+    rows = [json.loads(l) for l in (run / "pretrain_log.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["event"] == "eval"]
+    for r in evals:
+        print(run.name, r["step"], r["train_minutes"], r["heldout_strict"], r["train_strict"])
+    if not evals:
+        continue
+    keep = {min(evals, key=lambda r: abs(r["heldout_strict"] - t))["step"] for t in (0.3, 0.45)}
+    keep.add(evals[-1]["step"])
+    shutil.copy(run / "pretrain_log.jsonl", work / f"{run.name}_log.jsonl")
+    chunks, size = [[]], 0
+    for name in (f"step_{s:07d}" for s in sorted(keep)):
+        n = sum(f.stat().st_size for f in (run / "snapshots" / name).rglob("*") if f.is_file())
+        if chunks[-1] and size + n > 15e6:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(name)
+        size += n
+    for i, names in enumerate(chunks):
+        tar = out / f"{run.name}_{i}.tgz"
+        subprocess.run(["tar", "czf", tar, "-C", run / "snapshots", *names], check=True)
+        print("packed", tar.name, names, tar.stat().st_size)
+logs = [p.name for p in work.iterdir() if p.suffix in (".log", ".jsonl")]
+subprocess.run(["tar", "czf", out / "logs.tgz", "-C", work, *sorted(logs)], check=True)
+PY
