@@ -13,6 +13,10 @@ Modes, interleaved run by run so that background load hits them alike:
 - ``memcpy`` (in this process): ``numpy.copyto`` into a preallocated buffer, and
   ``torch.clone`` (fresh memory: page faults included, as a receive has) of the bytes.
 
+Each is measured twice in one run (``--allocator both``): with glibc's default allocator,
+then with ``omnirl.protocol.memory.retain_freed_memory`` in both processes, as the trainer,
+rollout and reward processes run.
+
 "receiver CPU ms" is the receiving process's CPU time per message (all its threads, the
 ZeroMQ I/O thread included; median): less sensitive than wall time to other load.
 
@@ -39,6 +43,7 @@ import numpy as np
 import torch
 
 from omnirl.protocol.codec import encode
+from omnirl.protocol.memory import retain_freed_memory
 from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
 from omnirl.protocol.sockets import (
     SocketFactory,
@@ -83,9 +88,11 @@ def make_group(size_mb: float) -> DiffusionTrajectoryGroup:
 # --------------------------------------------------------------------------------- sender
 
 
-def sender(endpoints: list[str], size_mb: float) -> None:
+def sender(endpoints: list[str], size_mb: float, retain: bool) -> None:
     """Child process: on each endpoint in turn, answer each request with one message."""
     torch.set_num_threads(1)
+    if retain:
+        retain_freed_memory()
     group = make_group(size_mb)
     raw_frames = encode(group)
     with SocketFactory(options=OPTIONS) as sockets:
@@ -188,8 +195,15 @@ def measure(sock, runs: int, warmup: int) -> dict:
     }
 
 
-def measure_all(transports: list[str], size_mb: float, runs: int, warmup: int) -> dict:
-    """One sender process serves each transport in turn ("tcp": loopback, "ipc")."""
+def measure_all(
+    transports: list[str], size_mb: float, runs: int, warmup: int, retain: bool
+) -> dict:
+    """One sender process serves each transport in turn ("tcp": loopback, "ipc").
+
+    ``retain``: both processes run with :func:`retain_freed_memory` (as the omnirl
+    processes do); the receiver must not have called it before a ``retain=False`` run."""
+    if retain:
+        retain_freed_memory()
     tmp = tempfile.mkdtemp(prefix="omnirl-bench-")
     addresses = {"tcp": "tcp://127.0.0.1:*", "ipc": f"ipc://{tmp}/bench.sock"}
     try:
@@ -197,7 +211,7 @@ def measure_all(transports: list[str], size_mb: float, runs: int, warmup: int) -
             socks = {t: sockets.bind("control", addresses[t]) for t in transports}
             endpoints = [bound_endpoint(sock) for sock in socks.values()]
             child = mp.get_context("spawn").Process(
-                target=sender, args=(endpoints, size_mb), daemon=True
+                target=sender, args=(endpoints, size_mb, retain), daemon=True
             )
             child.start()
             results = {t: measure(sock, runs, warmup) for t, sock in socks.items()}
@@ -210,26 +224,37 @@ def measure_all(transports: list[str], size_mb: float, runs: int, warmup: int) -
 # --------------------------------------------------------------------------------- report
 
 
-def table(results: dict[str, dict], memcpy: tuple[float, float], runs: int, load: str) -> str:
-    nbytes = next(iter(results.values()))["nbytes"]
+ALLOCATORS = {False: "glibc default", True: "retain freed memory"}
+
+
+def table(
+    results: dict[bool, dict[str, dict]], memcpy: tuple[float, float], runs: int, load: str
+) -> str:
+    first = next(iter(next(iter(results.values())).values()))
+    nbytes = first["nbytes"]
     lines = [
         f"Message: {nbytes / 1e6:.1f} MB ({nbytes / 2**20:.1f} MiB) in "
-        f"{next(iter(results.values()))['tensors']} tensor frames + header; "
+        f"{first['tensors']} tensor frames + header; "
         f"median of {runs} runs (range: slowest to fastest run), GB/s = 1e9 bytes/s.",
         "",
-        "| transport | path | median GB/s | range GB/s | receiver CPU ms |",
-        "|---|---|---:|---:|---:|",
+        "| allocator | transport | path | median GB/s | range GB/s | receiver CPU ms |",
+        "|---|---|---|---:|---:|---:|",
     ]
-    for transport, r in results.items():
-        for mode, label in (*MODES.items(), (RAW, "raw pyzmq multipart, copy=False")):
-            lo, hi = r["spread"][mode]
-            lines.append(
-                f"| {transport} | {label} | {r['rates'][mode]:.2f} | {lo:.2f}-{hi:.2f} "
-                f"| {r['cpu_ms'][mode]:.0f} |"
-            )
-    lines.append(f"| in-process | memcpy (numpy.copyto, preallocated) | {memcpy[0]:.2f} | | |")
-    lines.append(f"| in-process | torch.clone (fresh memory) | {memcpy[1]:.2f} | | |")
-    copies = ", ".join(f"{t}: {r['copies']} of {r['tensors']}" for t, r in results.items())
+    for retain, by_transport in results.items():
+        for transport, r in by_transport.items():
+            for mode, label in (*MODES.items(), (RAW, "raw pyzmq multipart, copy=False")):
+                lo, hi = r["spread"][mode]
+                lines.append(
+                    f"| {ALLOCATORS[retain]} | {transport} | {label} | {r['rates'][mode]:.2f} "
+                    f"| {lo:.2f}-{hi:.2f} | {r['cpu_ms'][mode]:.0f} |"
+                )
+    lines.append(f"| | in-process | memcpy (numpy.copyto, preallocated) | {memcpy[0]:.2f} | | |")
+    lines.append(f"| | in-process | torch.clone (fresh memory) | {memcpy[1]:.2f} | | |")
+    copies = ", ".join(
+        f"{t} ({ALLOCATORS[a]}): {r['copies']} of {r['tensors']}"
+        for a, by_transport in results.items()
+        for t, r in by_transport.items()
+    )
     lines += ["", f"Copies on decode (tensors not inside a received frame): {copies}."]
     lines.append(
         f"Load average before the run (1, 5, 15 min): {load} on {os.cpu_count()} CPUs "
@@ -255,11 +280,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--transports", default="tcp,ipc")
+    parser.add_argument(
+        "--allocator",
+        choices=("both", "default", "retain"),
+        default="both",
+        help="glibc default, retain_freed_memory (as omnirl processes run), or both in turn",
+    )
     parser.add_argument("--write-docs", action="store_true", help=f"update {DOCS.name}")
     args = parser.parse_args(argv)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    results = measure_all(args.transports.split(","), args.size_mb, args.runs, args.warmup)
-    nbytes = next(iter(results.values()))["nbytes"]
+    settings = {"both": (False, True), "default": (False,), "retain": (True,)}[args.allocator]
+    transports = args.transports.split(",")
+    results = {
+        retain: measure_all(transports, args.size_mb, args.runs, args.warmup, retain)
+        for retain in settings  # default first: retain_freed_memory cannot be undone
+    }
+    nbytes = next(iter(results[settings[0]].values()))["nbytes"]
     text = table(results, time_memcpy(nbytes, args.runs), args.runs, load)
     print(text)
     if args.write_docs:

@@ -21,10 +21,10 @@ def test_writes_balanced_disjoint_prompt_files(tmp_path):
     for split, lines in rows.items():
         for row in lines:
             spec = ShapeSpec.from_metadata(row["metadata"])
-            assert row["text"] == spec.text
+            assert row["prompt"] == spec.text
             assert spec.category == "single_object" or split_of(spec) == split
-    train_texts = {r["text"] for r in rows["train"] if r["metadata"]["category"] != "single_object"}
-    assert train_texts.isdisjoint(r["text"] for r in rows["heldout"])
+    train_texts = {r["prompt"] for r in rows["train"] if r["metadata"]["category"] != "single_object"}
+    assert train_texts.isdisjoint(r["prompt"] for r in rows["heldout"])
     again = tmp_path / "again"
     assert main([str(again), "--n-train", "120", "--n-heldout", "60", "--seed", "3"]) == 0
     assert (again / "train.jsonl").read_bytes() == (out / "train.jsonl").read_bytes()

@@ -106,13 +106,16 @@ def test_garbage_and_imageless_groups_never_crash_the_worker():
 
 
 @pytest.mark.timeout(60)
-def test_reward_worker_process_loop_over_real_sockets():
+@pytest.mark.parametrize("scorer_from", ["command_line", "run_config"])
+def test_reward_worker_process_loop_over_real_sockets(scorer_from):
+    """The scorer comes from the worker's own --scorer, or else from the run's config
+    (``reward.scorer`` in the Welcome); both score the same."""
     trainer = FakeTrainer()
+    own = parse_scorer_spec("jpeg_incompressibility") if scorer_from == "command_line" else None
+    run_config = {"reward": {"scorer": "jpeg_incompressibility" if own is None else "bogus"}}
     worker = RewardWorker(
         RewardWorkerConfig(
-            trainer=trainer.address(trainer.control),
-            scorers=parse_scorer_spec("jpeg_incompressibility"),
-            worker_id="reward-t",
+            trainer=trainer.address(trainer.control), scorers=own, worker_id="reward-t"
         )
     )
     codes = []
@@ -121,7 +124,7 @@ def test_reward_worker_process_loop_over_real_sockets():
     try:
         identity, hello = trainer.recv(trainer.control, kind=Hello)
         assert hello.role == "reward" and hello.address.startswith("tcp://127.0.0.1:")
-        trainer.welcome(identity, hello.worker_id)
+        trainer.welcome(identity, hello.worker_id, config=run_config)
         _, beat = trainer.recv(trainer.control, kind=Heartbeat)
         assert beat.worker_id == "reward-t"
         push = trainer.ctx.socket(zmq.PUSH)
@@ -154,3 +157,24 @@ def _expected_sizes(group):
     from omnirl.reward.scorers import jpeg_incompressibility
 
     return jpeg_incompressibility(group.images)
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_run_scorer_stops_the_worker_with_a_clear_error(caplog):
+    trainer = FakeTrainer()
+    worker = RewardWorker(
+        RewardWorkerConfig(trainer=trainer.address(trainer.control), worker_id="reward-t")
+    )
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        identity, hello = trainer.recv(trainer.control, kind=Hello)
+        trainer.welcome(identity, hello.worker_id, config={"reward": {"scorer": "no_such"}})
+        thread.join(10)
+        assert codes == [1]
+        assert "no_such" in caplog.text and "reward.scorer" in caplog.text
+    finally:
+        worker.stop()
+        thread.join(5)
+        trainer.close()

@@ -39,7 +39,8 @@ class EvalRun:
 
 
 def load_prompt_file(path: str | Path) -> list[ShapeSpec]:
-    """Specs from a JSONL prompt file (``{"text", "metadata"}`` per line, as written by
+    """Specs from a JSONL prompt file (``{"prompt", "metadata"}`` per line, the trainer's
+    prompt format, as written by
     ``omnirl.tools.shapes_prompts``); lines without metadata are parsed from their text."""
     specs = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
@@ -50,7 +51,7 @@ def load_prompt_file(path: str | Path) -> list[ShapeSpec]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not JSON: {e}") from e
         meta = row.get("metadata")
-        specs.append(ShapeSpec.from_metadata(meta) if meta else ShapeSpec.from_text(row["text"]))
+        specs.append(ShapeSpec.from_metadata(meta) if meta else ShapeSpec.from_text(row["prompt"]))
     if not specs:
         raise ValueError(f"{path}: no prompts")
     return specs

@@ -1,6 +1,6 @@
 """Write ShapesEval prompt files: ``OUT_DIR/train.jsonl`` and ``OUT_DIR/heldout.jsonl``.
 
-Each line is one prompt, ``{"text": ..., "metadata": ...}`` (the fields of
+Each line is one prompt, ``{"prompt": ..., "metadata": ...}`` (the fields of
 ``omnirl.protocol.messages.PromptSpec`` other than ``group_id``; the metadata is what the
 ShapesEval detector reads). Prompts are balanced over the six categories and deterministic
 in ``--seed``.
@@ -21,7 +21,7 @@ from omnirl.reward.shapes.world import CATEGORIES, ShapeSpec, generate_prompts
 def write_prompts(path: Path, specs: list[ShapeSpec]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for spec in specs:
-            f.write(json.dumps({"text": spec.text, "metadata": spec.to_metadata()}) + "\n")
+            f.write(json.dumps({"prompt": spec.text, "metadata": spec.to_metadata()}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,7 @@
-"""``uv run reward --trainer tcp://HOST:PORT [--scorer NAME[:W],...] [--bind ADDR]``."""
+"""``uv run reward --trainer tcp://HOST:PORT [--scorer NAME[:W],...] [--bind ADDR]``.
+
+Without ``--scorer`` the worker scores with the run's ``reward.scorer``, which the trainer
+sends in its Welcome."""
 
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trainer", required=True, help="the trainer's control address")
     parser.add_argument(
         "--scorer",
-        default="jpeg_compressibility",
-        help="scorer name, or comma-separated NAME:WEIGHT list (default jpeg_compressibility)",
+        default=None,
+        help="scorer name, or comma-separated NAME:WEIGHT list (default: the run's "
+        "reward.scorer, sent by the trainer)",
     )
     parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="where to bind the PULL")
     parser.add_argument("--worker-id", default="", help="default: reward-<random>")
@@ -46,13 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stdout,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from omnirl.protocol.memory import retain_freed_memory
+
+    retain_freed_memory()  # large messages reuse mapped pages (omnirl.protocol.memory)
     from omnirl.protocol.auth import SecurityConfig
     from omnirl.reward.scorers import UnknownScorer
     from omnirl.reward.scoring import ScorerSpecError, parse_scorer_spec
     from omnirl.reward.worker import RewardWorker, RewardWorkerConfig
 
     try:
-        scorers = parse_scorer_spec(args.scorer)
+        scorers = parse_scorer_spec(args.scorer) if args.scorer is not None else None
     except (UnknownScorer, ScorerSpecError, ValueError) as exc:  # bad options, bad folders
         print(f"reward: {exc}", file=sys.stderr)
         return 2

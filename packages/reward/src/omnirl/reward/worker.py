@@ -33,17 +33,25 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint, send_message
-from omnirl.reward.scoring import ScoringError, WeightedScorer, score_groups
+from omnirl.reward.scorers import UnknownScorer
+from omnirl.reward.scoring import (
+    ScorerSpecError,
+    ScoringError,
+    WeightedScorer,
+    parse_scorer_spec,
+    score_groups,
+)
 
 log = logging.getLogger("omnirl.reward")
 
 EXIT_OK, EXIT_REFUSED, EXIT_TRAINER_LOST = 0, 1, 2
+DEFAULT_SCORER = "jpeg_compressibility"  # a Welcome from a trainer that names none
 
 
 @dataclass(kw_only=True, slots=True)
 class RewardWorkerConfig:
     trainer: str  # the trainer's control address
-    scorers: list[WeightedScorer]
+    scorers: list[WeightedScorer] | None = None  # None: the run's (Welcome config reward.scorer)
     bind: str = "tcp://127.0.0.1:0"
     worker_id: str = ""
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -75,6 +83,7 @@ class RewardWorker:
         self._stop = False
         self._welcome: Welcome | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self.scorers = config.scorers
 
     def stop(self) -> None:
         self._stop = True
@@ -215,7 +224,7 @@ class RewardWorker:
             self._pool = ThreadPoolExecutor(self.config.score_threads, thread_name_prefix="score")
         results = score_groups(
             groups,
-            self.config.scorers,
+            self.scorers,
             scorer_id=self.worker_id,
             pool=self._pool,
             workers=self.config.score_threads,
@@ -244,6 +253,14 @@ class RewardWorker:
             log.warning("%s: malformed control message: %s", self.worker_id, exc)
             return None
         if isinstance(msg, Welcome):
+            if self.scorers is None:
+                spec = (msg.config.get("reward") or {}).get("scorer") or DEFAULT_SCORER
+                try:
+                    self.scorers = parse_scorer_spec(spec)
+                except (UnknownScorer, ScorerSpecError, ValueError) as exc:
+                    log.error("%s: the run's reward.scorer %r: %s", self.worker_id, spec, exc)
+                    return EXIT_REFUSED
+                log.info("%s: scoring with the run's reward.scorer %r", self.worker_id, spec)
             if self._welcome is None:
                 log.info(
                     "%s: welcomed to run %s, intake %s",

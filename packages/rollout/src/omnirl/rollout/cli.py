@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stdout,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from omnirl.protocol.memory import retain_freed_memory
+
+    retain_freed_memory()  # large messages reuse mapped pages (omnirl.protocol.memory)
     if args.capacity < 1:
         print("rollout: --capacity must be >= 1", file=sys.stderr)
         return 2

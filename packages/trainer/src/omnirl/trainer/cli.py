@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     log = logging.getLogger("omnirl.trainer")
+    from omnirl.protocol.memory import retain_freed_memory
+
+    retain_freed_memory()  # large messages reuse mapped pages (omnirl.protocol.memory)
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.server import TrainerServer
 

@@ -100,6 +100,15 @@ class SamplingConfig:
 
 
 @dataclass
+class RewardConfig:
+    """What reward workers score; sent to them in the Welcome."""
+
+    # NAME[:WEIGHT],... as ``reward --scorer`` takes it; a worker started with --scorer
+    # uses its own spec instead (e.g. a remote judge on one machine)
+    scorer: str = "jpeg_compressibility"
+
+
+@dataclass
 class TrainConfig:
     """The loop's batching and staleness, plus the common ``TrainStep.Config`` fields.
 
@@ -158,11 +167,13 @@ class TrainerConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     max_steps: int = 10
+    max_minutes: float = 0.0  # wall-clock budget of this trainer process; 0: none
 
 
 def _explain(err: OmegaConfBaseException, source: str) -> ConfigError:
@@ -217,6 +228,7 @@ def _validate(cfg: DictConfig) -> None:
         ("train.groups_per_step", cfg.train.groups_per_step >= 1),
         ("train.max_staleness", cfg.train.max_staleness >= 0),
         ("max_steps", cfg.max_steps >= 0),
+        ("max_minutes", cfg.max_minutes >= 0),
         ("runtime.weight_chunk_bytes", cfg.runtime.weight_chunk_bytes >= 1),
         ("runtime.heartbeat_timeout_s", cfg.runtime.heartbeat_timeout_s > 0),
         ("runtime.lease_timeout_s", cfg.runtime.lease_timeout_s > 0),

@@ -112,6 +112,8 @@ class TrainerServer(FleetControl):
         self._future: Future | None = None
         self._shutdown_at: float | None = None
         self._stop_requested = False
+        self._stop_reason = "stop requested"
+        self._started = time.monotonic()
         self._failures_in_a_row = 0
         self.exit_code = 0  # 1 when the run had to stop on repeated step failures
         self._ctx = context or zmq.Context.instance()
@@ -202,6 +204,8 @@ class TrainerServer(FleetControl):
                 self.addresses["intake"], self.version, self.step, self.cfg.max_steps,
             )  # fmt: skip
             next_expire = 0.0
+            self._started = time.monotonic()
+            budget_s = 60.0 * self.cfg.max_minutes
             while True:
                 for sock, _ in self.poller.poll(timeout=20):
                     if sock is self.control:
@@ -216,6 +220,10 @@ class TrainerServer(FleetControl):
                     next_expire = now + 0.25
                 if self._future is not None and self._future.done():
                     self._finish_step()
+                if budget_s and not self._stop_requested:
+                    if time.monotonic() - self._started >= budget_s:
+                        self._stop_reason = f"max_minutes={self.cfg.max_minutes:g} reached"
+                        self._stop_requested = True
                 if not self._stop_requested:
                     self._maybe_start_step()
                 finished = self.step >= self.cfg.max_steps or self._stop_requested
@@ -337,6 +345,7 @@ class TrainerServer(FleetControl):
         rewards = [r for g in batch for r in g.rewards.total]
         metrics.update(
             policy_version=self.version,
+            elapsed_s=time.monotonic() - self._started,
             step_s=step_s,
             publish_s=time.perf_counter() - t0,
             weights_pushed_to=pushed,
@@ -373,7 +382,9 @@ class TrainerServer(FleetControl):
 
     def _begin_shutdown(self) -> None:
         why = (
-            "stop requested" if self._stop_requested else f"max_steps={self.cfg.max_steps} reached"
+            self._stop_reason
+            if self._stop_requested
+            else f"max_steps={self.cfg.max_steps} reached"
         )
         log.info("%s at step %d; telling workers to shut down", why, self.step)
         self._shutdown_at = time.monotonic() + self.cfg.runtime.shutdown_grace_s
