@@ -23,7 +23,9 @@ def test_writes_balanced_disjoint_prompt_files(tmp_path):
             spec = ShapeSpec.from_metadata(row["metadata"])
             assert row["prompt"] == spec.text
             assert spec.category == "single_object" or split_of(spec) == split
-    train_texts = {r["prompt"] for r in rows["train"] if r["metadata"]["category"] != "single_object"}
+    train_texts = {
+        r["prompt"] for r in rows["train"] if r["metadata"]["category"] != "single_object"
+    }
     assert train_texts.isdisjoint(r["prompt"] for r in rows["heldout"])
     again = tmp_path / "again"
     assert main([str(again), "--n-train", "120", "--n-heldout", "60", "--seed", "3"]) == 0

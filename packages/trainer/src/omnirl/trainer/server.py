@@ -220,10 +220,10 @@ class TrainerServer(FleetControl):
                     next_expire = now + 0.25
                 if self._future is not None and self._future.done():
                     self._finish_step()
-                if budget_s and not self._stop_requested:
-                    if time.monotonic() - self._started >= budget_s:
-                        self._stop_reason = f"max_minutes={self.cfg.max_minutes:g} reached"
-                        self._stop_requested = True
+                out_of_time = budget_s and time.monotonic() - self._started >= budget_s
+                if out_of_time and not self._stop_requested:
+                    self._stop_reason = f"max_minutes={self.cfg.max_minutes:g} reached"
+                    self._stop_requested = True
                 if not self._stop_requested:
                     self._maybe_start_step()
                 finished = self.step >= self.cfg.max_steps or self._stop_requested
@@ -382,9 +382,7 @@ class TrainerServer(FleetControl):
 
     def _begin_shutdown(self) -> None:
         why = (
-            self._stop_reason
-            if self._stop_requested
-            else f"max_steps={self.cfg.max_steps} reached"
+            self._stop_reason if self._stop_requested else f"max_steps={self.cfg.max_steps} reached"
         )
         log.info("%s at step %d; telling workers to shut down", why, self.step)
         self._shutdown_at = time.monotonic() + self.cfg.runtime.shutdown_grace_s
