@@ -19,6 +19,8 @@ from omnirl.trainer.checkpoint import (
 
 
 class TinyAdapter:
+    weight_format = "full"
+
     def __init__(self, seed):
         torch.manual_seed(seed)
         self.module = torch.nn.Linear(4, 3)
@@ -117,3 +119,20 @@ def test_mismatched_model_is_refused(tmp_path):
         load_checkpoint(path, adapter=Bigger())
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_checkpoint(tmp_path / "nope")
+
+
+def test_a_lora_policy_keeps_its_adapter_config(tmp_path):
+    """The LoRA weights file holds no alpha; without it a reader would get the scale wrong."""
+    import json
+
+    class TinyLora(TinyAdapter):
+        weight_format = "lora"
+
+        def adapter_config(self):
+            return {"r": 2, "lora_alpha": 4, "target_modules": ("attn.to_q",)}
+
+    path = save_checkpoint(tmp_path, 1, state={}, adapter=TinyLora(0), config_yaml="")
+    saved = json.loads((path / "policy" / "adapter_config.json").read_text())
+    assert saved == {"r": 2, "lora_alpha": 4, "target_modules": ["attn.to_q"]}
+    full = save_checkpoint(tmp_path / "full", 1, state={}, adapter=TinyAdapter(0), config_yaml="")
+    assert not (full / "policy" / "adapter_config.json").exists()

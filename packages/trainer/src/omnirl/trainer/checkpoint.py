@@ -3,7 +3,8 @@
 Layout of ``<checkpoint dir>/step_XXXXXXXX/``::
 
     policy/               adapter.save_pretrained(): a LoRA loadable by diffusers'
-                          load_lora_weights, or the full weights as safetensors
+                          load_lora_weights (+ adapter_config.json: rank, alpha, targets),
+                          or the full weights as safetensors
     trainable.safetensors every trainable parameter, in trainable_parameters() order
                           (what resume copies back; independent of naming schemes)
     train_step.pt         TrainStep.state_dict(): optimiser, EMA, algorithm state
@@ -17,6 +18,7 @@ crash at any point leaves the previous checkpoint intact and ``latest`` valid.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -89,6 +91,9 @@ def save_checkpoint(
     tmp.mkdir()
     if adapter is not None:
         adapter.save_pretrained(str(tmp / "policy"))
+        if adapter.weight_format == "lora":  # the LoRA file holds no alpha: keep the scale
+            config = json.dumps(adapter.adapter_config(), indent=2, sort_keys=True, default=list)
+            (tmp / "policy" / "adapter_config.json").write_text(config + "\n")
         params = list(adapter.trainable_parameters())
         save_file(
             {f"p{i:05d}": p.detach().to("cpu").contiguous() for i, p in enumerate(params)},
