@@ -39,6 +39,7 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"  # "cpu", "cuda:0", ...
     dtype: str = "float32"  # model dtype: "float32", "bfloat16", "float16"
+    threads: int = 0  # torch intra-op CPU threads; 0: torch's default (all cores)
 
 
 @dataclass
@@ -229,6 +230,7 @@ def _validate(cfg: DictConfig) -> None:
         ("train.max_staleness", cfg.train.max_staleness >= 0),
         ("max_steps", cfg.max_steps >= 0),
         ("max_minutes", cfg.max_minutes >= 0),
+        ("run.threads", cfg.run.threads >= 0),
         ("runtime.weight_chunk_bytes", cfg.runtime.weight_chunk_bytes >= 1),
         ("runtime.heartbeat_timeout_s", cfg.runtime.heartbeat_timeout_s > 0),
         ("runtime.lease_timeout_s", cfg.runtime.lease_timeout_s > 0),
