@@ -96,6 +96,9 @@ class SamplingConfig:
     noise_level: float | None = None  # null: the algorithm's (flow_grpo 0.7, dance_grpo 0.3)
     sde_window: list[int] | None = None  # [start, end) step indices; null: all steps
     sde_type: str | None = None  # null: the algorithm's SDE variant
+    # one initial noise x_T for all samples of a prompt, so that the group's differences come
+    # from the trained SDE steps alone; null: the algorithm's (DanceGRPO: true)
+    same_initial_noise: bool | None = None
     negative_prompt: str = _sampling_default("negative_prompt")
     record_images: bool = _sampling_default("record_images")
 
