@@ -51,7 +51,7 @@ ESTIMATES = {
     "compile_train": 150,
     "iterations": 25,
     "train_kl": 60,
-    "warm_start": 80,
+    "warm_start": 45,
     "checkpointing": 120,
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +44,7 @@ class CompileConfig:
     """
 
     mode: str | None = None
-    backend: str = "inductor"
+    backend: str | Callable = "inductor"
     dynamic: bool | None = False
     fullgraph: bool = False
     regional: bool = True

@@ -84,9 +84,12 @@ def load_artifacts(path: str | Path) -> bool:
         log.warning("no compile cache loaded from %s (missing file or torch < 2.7)", path)
         return False
     try:
-        load(path.read_bytes())
+        info = load(path.read_bytes())  # None: torch could not read the file (logged)
     except Exception as err:  # a file of another torch version: start cold
         log.warning("compile cache %s not loaded: %s", path, err)
+        return False
+    if info is None:
+        log.warning("compile cache %s not loaded (unreadable or empty)", path)
         return False
     log.info("loaded compile cache %s", path)
     return True

@@ -102,6 +102,15 @@ def shard_fsdp(module: torch.nn.Module, info: DistInfo) -> int:
     return len(blocks)
 
 
+def split_rows(rows: torch.Tensor, chunk: int, *, rank: int, world_size: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s micro-batches of ``rows`` (int64 ``[R]``, an update's rows of one
+    batch): ``world_size`` near-equal shares, each cut into the same number of micro-batches
+    on every rank, of at most ``chunk`` rows; some may be empty (a zero-weight pass)."""
+    share = rows.tensor_split(world_size)[rank]
+    count = max(1, math.ceil(math.ceil(len(rows) / world_size) / chunk))
+    return list(share.tensor_split(count))
+
+
 class DataParallel:
     """What :class:`~omnirl.trainer.step.TrainStep` asks of the process group.
 
@@ -136,12 +145,8 @@ class DataParallel:
         return float(self.world_size) if self.mode == "fsdp" else 1.0
 
     def split(self, rows: torch.Tensor, chunk: int) -> list[torch.Tensor]:
-        """This rank's micro-batches of ``rows`` (int64 ``[R]``, the update's rows of one
-        batch): the same number on every rank, of at most ``chunk`` rows, some possibly
-        empty (a zero-weight pass)."""
-        share = rows.tensor_split(self.world_size)[self.rank]
-        count = max(1, math.ceil(math.ceil(len(rows) / self.world_size) / chunk))
-        return list(share.tensor_split(count))
+        """This rank's micro-batches of ``rows`` (see :func:`split_rows`)."""
+        return split_rows(rows, chunk, rank=self.rank, world_size=self.world_size)
 
     def before_backward(self, *, last: bool) -> None:
         """FSDP2: reduce-scatter gradients only after the update's last micro-batch."""
