@@ -7,7 +7,9 @@
 # The image lacks diffusers, msgspec, pyzmq, omegaconf and torchdata: they travel as wheels
 # in .whl/ (see examples/shapes_pretrain_gpu.sh). TOTAL_S (default 530) is the wall-clock
 # the whole script may take; each step is cut by `timeout` so that the benchmark keeps the
-# rest and everything it wrote to $OUT (at most 6 files) comes back.
+# rest and everything it wrote to $OUT (at most 6 files) comes back. BENCH_ARGS adds
+# arguments to gpu_sd35m.py (a dry run on a CPU: DEVICE=cpu BENCH_ARGS="--tiny
+# --compile-backend aot_eager").
 set -uo pipefail  # no -e: a failed step must not stop the next
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -45,14 +47,15 @@ OMNIRL_TEST_DEVICE=$DEVICE timeout 150 python3 -m pytest -q -p no:cacheprovider 
 echo "tests: exit $? ($(tail -n 1 "$OUT/tests.log"))"
 
 echo "== [$(elapsed) s] FSDP2 TrainStep, world size 1 (torchrun, nccl)"
-timeout 90 torchrun --standalone --nproc-per-node 1 benchmarks/fsdp_step.py --mode fsdp \
+timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/fsdp_step.py --mode fsdp \
     --device "$DEVICE" --dtype bfloat16 >"$OUT/fsdp_ws1.log" 2>&1
 echo "fsdp: exit $? ($(grep '^{' "$OUT/fsdp_ws1.log" | tail -n 1))"
 
 BUDGET=$((TOTAL_S - $(elapsed) - 25))
 echo "== [$(elapsed) s] gpu_sd35m.py, budget ${BUDGET} s"
 timeout $((BUDGET + 20)) python3 benchmarks/gpu_sd35m.py --device "$DEVICE" \
-    --budget-s "$BUDGET" --out "$OUT" >"$OUT/gpu_sd35m.log" 2>&1
+    --budget-s "$BUDGET" --out "$OUT" ${BENCH_ARGS:-} >"$OUT/gpu_sd35m.log" 2>&1
 echo "gpu_sd35m: exit $?"
 grep -h '^RESULT' "$OUT/gpu_sd35m.log" | cut -c1-300 | tail -n 40
 echo "== [$(elapsed) s] done"

@@ -72,11 +72,9 @@ class Bench:
         import gpu_sd35m_baseline as base
         from gpu_sd35m_setup import matmul_ceiling, model_flops
 
-        from omnirl.models.device import configure_matmul
         from omnirl.models.sd3.lora import add_lora
 
         s, dev = self.setup, self.device
-        configure_matmul(dev, self.dtype)
         self.report.add("ceiling", tflops=matmul_ceiling(dev, self.dtype, n=self.args.matmul_n))
         self.vae = build_vae(s.vae, dev, self.dtype)
         model = build_transformer(s.transformer, dev, self.dtype)

@@ -96,11 +96,10 @@ class RolloutModel:
         directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
         before compiling and written after the warm-up when absent.
         """
-        from omnirl.models.device import configure_matmul, resolve_dtype
+        from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import get_rollout_adapter
 
         torch_dtype = resolve_dtype(dtype)
-        configure_matmul(device, torch_dtype)
         adapter_cls = get_rollout_adapter(welcome.architecture, algorithm_of(welcome))
         adapter = adapter_cls.from_pretrained(
             welcome.model_path, device=device, dtype=torch_dtype, lora=lora_kwargs(welcome, first)

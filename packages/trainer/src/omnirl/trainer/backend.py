@@ -51,7 +51,7 @@ class AdapterBackend:
     def __init__(self, cfg: Any):
         import torch
 
-        from omnirl.models.device import configure_matmul, resolve_dtype
+        from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import architecture_of, get_training_adapter
         from omnirl.trainer.algorithms.registry import get_algorithm
         from omnirl.trainer.step import TrainStep
@@ -65,7 +65,6 @@ class AdapterBackend:
         lora = LoraConfig.peft_kwargs(cfg.model.lora) if cfg.model.lora is not None else None
         torch.manual_seed(cfg.run.seed)  # LoRA initialisation is part of the run's seed
         dtype = resolve_dtype(cfg.run.dtype)
-        configure_matmul(cfg.run.device, dtype)
         self.adapter = adapter_cls.from_pretrained(
             self.model_path,
             device=cfg.run.device,
