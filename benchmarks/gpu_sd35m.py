@@ -40,7 +40,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sd35m_report import Report
-from gpu_sd35m_setup import SETUPS, Clock, FakeTextPipeline, build_transformer, build_vae
+from gpu_sd35m_setup import (
+    SETUPS,
+    Budget,
+    Clock,
+    FakeTextPipeline,
+    build_transformer,
+    build_vae,
+    dynamo_counts,
+)
 
 # Rough GPU seconds each stage needs (compiles dominate); tiny runs scale them by 1/20.
 ESTIMATES = {
@@ -385,14 +393,6 @@ def warm_start_child(args) -> int:
     return 0
 
 
-class Budget:
-    def __init__(self, seconds: float, scale: float):
-        self.start, self.seconds, self.scale = time.perf_counter(), seconds, scale
-
-    def left(self) -> float:
-        return self.seconds - (time.perf_counter() - self.start)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -428,6 +428,8 @@ def run(args) -> Report:
     out = Path(args.out)
     report = Report(out, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     bench = Bench(args, report)
+    # A graph that fails to compile runs eagerly (and is counted) instead of ending the run.
+    torch._dynamo.config.suppress_errors = True
     s = bench.setup
     report.add(
         "env",
@@ -483,6 +485,7 @@ def run(args) -> Report:
             report.add(f"{name}_error", error=repr(err)[:400], where=traceback.format_exc()[-1500:])
         bench._free()
         report.add(f"{name}_wall", seconds=time.perf_counter() - start)
+    report.add("dynamo", **dynamo_counts())
     report.finish()
     return report
 

@@ -209,6 +209,14 @@ class Report:
                 f"forward+backward with LoRA {f['train'] / 1e12:.2f} T, VAE decode "
                 f"{f['decode'] / 1e12:.2f} T.",
             ]
+        dyn = self.get("dynamo")
+        if dyn:
+            lines += [
+                "",
+                f"torch.compile: {dyn['unique_graphs']} graphs, {dyn['graph_breaks']} "
+                f"graph breaks, {dyn['frames_not_compiled']} frames dynamo did not compile "
+                "(skipped or failed: run eagerly).",
+            ]
         notes = [r for r in self.rows if r["stage"].endswith(("_skipped", "_error"))]
         if notes:
             lines += ["", "Skipped or failed stages:", ""]

@@ -248,3 +248,25 @@ def model_flops(pipe: FakeTextPipeline, setup: Setup, lora_transformer) -> dict[
     with torch.no_grad():
         decode = count_flops(lambda: pipe.vae.decode(z, return_dict=False))
     return {"cfg_forward": fwd, "cfg_train": train, "decode": decode}
+
+
+class Budget:
+    """The run's wall-clock budget; ``scale`` shrinks the stage estimates (tiny runs)."""
+
+    def __init__(self, seconds: float, scale: float):
+        self.start, self.seconds, self.scale = time.perf_counter(), seconds, scale
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.start)
+
+
+def dynamo_counts() -> dict[str, int]:
+    """Graphs compiled, graph breaks, and frames dynamo could not compile (run eagerly)."""
+    from torch._dynamo.utils import counters
+
+    frames = counters["frames"]
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "frames_not_compiled": int(frames.get("total", 0) - frames.get("ok", 0)),
+    }
