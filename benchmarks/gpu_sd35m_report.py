@@ -104,7 +104,8 @@ class Report:
         ]
         fwd = f["fwd"] * f["steps"] if f else None
         lines += [
-            "| rollout (denoising loop, 10 steps, CFG) | s/image | MFU | compile s |",
+            f"| rollout (denoising loop, {env.get('steps', '?')} steps, CFG) | s/image | MFU | "
+            "compile s |",
             "|---|---:|---:|---:|",
         ]
         rollout_rows = [
