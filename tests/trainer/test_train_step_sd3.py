@@ -5,6 +5,7 @@ window of 2; CFG only for cps) because every forward pass costs CPU time on a sh
 """
 
 import math
+import os
 
 import msgspec
 import pytest
@@ -17,6 +18,7 @@ from omnirl.trainer.algorithms.registry import get_algorithm
 from omnirl.trainer.step import TrainStep, TrainStepInputError
 
 ARCH = "StableDiffusion3Pipeline"
+DEVICE = os.environ.get("OMNIRL_TEST_DEVICE", "cpu")  # as tests/conftest.py's test_device
 LORA = {"r": 4, "lora_alpha": 4}
 ALGORITHM_OF_SDE = {"sde": "flow_grpo", "cps": "flow_grpo_cps", "dance_sde": "dance_grpo"}
 METRICS = frozenset(
@@ -64,7 +66,7 @@ def _with_rewards(groups, rewards):
 
 
 def _trainer(path, lora=LORA):
-    return get_training_adapter(ARCH, "flow_grpo").from_pretrained(path, lora=lora)
+    return get_training_adapter(ARCH, "flow_grpo").from_pretrained(path, device=DEVICE, lora=lora)
 
 
 def _max_ratio_dev(adapter, groups, sde_type: str) -> float:
@@ -72,14 +74,14 @@ def _max_ratio_dev(adapter, groups, sde_type: str) -> float:
     with torch.no_grad():
         for k in range(int(groups[0].latents.shape[1])):
             batch = collate_transitions(groups, k)
-            lp = adapter.transition(batch, sde_type=sde_type).log_prob
+            lp = adapter.transition(batch, sde_type=sde_type).log_prob.cpu()
             devs.append((torch.exp(lp - batch.old_log_probs) - 1).abs().max().item())
     return max(devs)
 
 
 @pytest.fixture(scope="module")
 def groups_by_sde(tiny_sd3_path):
-    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path)
+    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path, device=DEVICE)
     # "sde": window (1, 3) leaves step 0 deterministic (and untrained); the others start
     # at sigma = 1, where the sde step's variance needs its special case.
     return {

@@ -128,6 +128,11 @@ class TrainConfig:
     clip_range: float | None = None
     kl_beta: float | None = None
     max_grad_norm: float | None = None
+    # how the model runs (not TrainStep.Config fields): see docs/architecture.md, "GPU path"
+    gradient_checkpointing: bool = False  # recompute block activations in backward
+    compile: bool = False  # each transformer block torch.compiled (omnirl.models.compile)
+    compile_mode: str | None = None  # torch.compile mode; null: torch's default
+    compile_cache: str | None = None  # persistent compile cache directory
 
 
 @dataclass
