@@ -8,7 +8,7 @@
 # in .whl/ (see examples/shapes_pretrain_gpu.sh). TOTAL_S (default 530) is the wall-clock
 # the whole script may take; each step is cut by `timeout` so that the benchmark keeps the
 # rest and everything it wrote to $OUT (at most 6 files) comes back. BENCH_ARGS adds
-# arguments to gpu_sd35m.py (a dry run on a CPU: DEVICE=cpu BENCH_ARGS="--tiny
+# arguments to gpu_sd35m.py; TESTS_S and FSDP_S cut the first two steps (a dry run on a CPU: DEVICE=cpu BENCH_ARGS="--tiny
 # --compile-backend aot_eager").
 set -uo pipefail  # no -e: a failed step must not stop the next
 cd "$(dirname "$0")/.."
@@ -40,14 +40,14 @@ export TORCHINDUCTOR_CACHE_DIR=/tmp/omnirl_inductor HF_HUB_OFFLINE=1
 } >"$OUT/env.txt" 2>&1
 
 echo "== [$(elapsed) s] tiny-model tests on $DEVICE"
-OMNIRL_TEST_DEVICE=$DEVICE timeout 150 python3 -m pytest -q -p no:cacheprovider \
+OMNIRL_TEST_DEVICE=$DEVICE timeout ${TESTS_S:-150} python3 -m pytest -q -p no:cacheprovider \
     tests/models/test_sd3_parity.py tests/models/test_compile_backend.py \
     tests/trainer/test_train_step_sd3.py tests/trainer/test_gpu_path.py \
     >"$OUT/tests.log" 2>&1
 echo "tests: exit $? ($(tail -n 1 "$OUT/tests.log"))"
 
 echo "== [$(elapsed) s] FSDP2 TrainStep, world size 1 (torchrun, nccl)"
-timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+timeout ${FSDP_S:-90} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     benchmarks/fsdp_step.py --mode fsdp \
     --device "$DEVICE" --dtype bfloat16 >"$OUT/fsdp_ws1.log" 2>&1
 echo "fsdp: exit $? ($(grep '^{' "$OUT/fsdp_ws1.log" | tail -n 1))"
