@@ -25,6 +25,10 @@ DEVICE=${DEVICE:-cuda}
 EVAL_HELDOUT=${EVAL_HELDOUT:-240}
 EVAL_TRAIN=${EVAL_TRAIN:-120}
 WORK=${WORK:-/tmp/shapes_pretrain}
+RUNS=${RUNS:-"latent latent_small"}  # presets, one run each, side by side
+THREADS=${THREADS:-1}  # torch threads per run (DEVICE=cpu: the cores it may use)
+WORKERS=${WORKERS:-6}  # render processes per run
+EVAL_EVERY=${EVAL_EVERY:-1}  # minutes
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=${PYTHONPATH:-}
 if [ -d .whl ] && ! python3 -c "import diffusers, msgspec, zmq" 2>/dev/null; then
@@ -42,13 +46,14 @@ run() {
     local name=$1
     shift
     python3 -m omnirl.tools.pretrain_shapes "$WORK/$name" --device "$DEVICE" \
-        --minutes "$MINUTES" --vae-minutes "$VAE_MINUTES" --threads 1 --workers 6 \
-        --eval-every 1 --snapshots \
+        --minutes "$MINUTES" --vae-minutes "$VAE_MINUTES" --threads "$THREADS" --workers "$WORKERS" \
+        --eval-every "$EVAL_EVERY" --snapshots \
         --eval-prompts "$EVAL_HELDOUT" --eval-train-prompts "$EVAL_TRAIN" --log-every 200 \
         "$@" >"$WORK/$name.log" 2>&1 &
 }
-run latent --preset ${PRESET_A:-latent} --batch 256 --lr 1e-3
-run latent_small --preset ${PRESET_B:-latent_small} --batch 256 --lr 1e-3
+for preset in $RUNS; do
+    run "$preset" --preset "$preset" --batch 256 --lr 1e-3
+done
 wait
 
 python3 - "$WORK" "$OUT" <<'PY'
@@ -60,7 +65,7 @@ for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_fil
     rows = [json.loads(l) for l in (run / "pretrain_log.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["event"] == "eval"]
     for r in evals:
-        print(run.name, r["step"], r["train_minutes"], r["heldout_strict"], r["train_strict"])
+        print(run.name, r["step"], r["train_minutes"], r["heldout_strict"], r.get("train_strict"))
     if not evals:
         continue
     keep = {min(evals, key=lambda r: abs(r["heldout_strict"] - t))["step"] for t in (0.25, 0.35)}
