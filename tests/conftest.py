@@ -26,3 +26,14 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes_path(tmp_path_factory):
+    """A tiny random ShapesT2IPipeline folder (preset ``tiny``, the whole ShapesEval
+    vocabulary), built once per test session."""
+    from omnirl.models.shapes_t2i import PRESETS, build_pipeline
+    from omnirl.tools.pretrain_shapes import shapes_vocabulary
+
+    pipe = build_pipeline(shapes_vocabulary(), PRESETS["tiny"], seed=0)
+    return pipe.save_pretrained(tmp_path_factory.mktemp("tiny_shapes") / "model")
