@@ -414,7 +414,10 @@ class TrainStep:
                 )
                 # Weight so the gradient is that of the mean over every (sample, step) pair.
                 weight = len(micro) / (len(rows) * num_k)
-                (res.loss * weight).backward()
+                # A deterministic step (step_std 0: cps into sigma 0, noise level 0) has a
+                # constant log-prob: its term is a constant, with nothing to backpropagate.
+                if res.loss.requires_grad:
+                    (res.loss * weight).backward()
                 totals["loss"] += float(res.loss.detach()) * weight
                 totals["policy_loss"] += float(res.policy_loss) * weight
                 totals["kl"] += float(res.kl) * weight
