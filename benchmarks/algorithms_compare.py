@@ -104,6 +104,7 @@ def run_one(algorithm: str, args: argparse.Namespace) -> tuple[int, float]:
     ]
     # overrides right after the config: argparse takes positionals only before the options
     cmd = [*launch_command(), str(args.config), *overrides, "--rollout", "1", "--reward", "1"]
+    cmd += ["--address-timeout", f"{args.setup_s:g}"]  # a loaded box imports torch slowly
     print(f"[compare] {algorithm}: {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
     with (out / "launch.log").open("w") as log:
@@ -173,8 +174,11 @@ def heldout_scores(runs: list[RunSummary], args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace, walls: dict[str, float]) -> str:
+    import yaml
+
     cfg = run_config(args.algorithms[0], args)
     g, gps = int(cfg["data"]["group_size"]), int(cfg["train"]["groups_per_step"])
+    window = yaml.safe_load(args.config.read_text()).get("sampling", {}).get("sde_window")
     runs = [
         summarise(
             a,
@@ -199,7 +203,7 @@ def report(args: argparse.Namespace, walls: dict[str, float]) -> str:
         "",
         f"Budget {args.minutes:g} min per algorithm (`max_minutes`, trainer clock), config "
         f"`examples/shapes_flow_grpo.yaml` (lr {cfg['train']['lr']}, max_staleness "
-        f"{cfg['train']['max_staleness']}, window {cfg['sampling']['sde_window']} unless an "
+        f"{cfg['train']['max_staleness']}, window {window} unless an "
         "algorithm places its own: `flow_grpo_fast`, `mix_grpo`; `diffusion_nft` and "
         "`diffusion_dpo` sample with the ODE). Load average before the runs: "
         f"{args.load_before:.1f}." + (f" Runs took {run_min:.1f} min in all." if walls else ""),
@@ -245,6 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ALGO:key=value",
         help="an extra override for one algorithm (ALGO '*': all); repeatable",
     )
+    p.add_argument(
+        "--retries", type=int, default=1, help="again, a run cut short before its first step"
+    )
     p.add_argument("--no-run", action="store_true", help="only report the runs already in --out")
     p.add_argument("--write", action="store_true", help="update docs/benchmarks.md and its PNG")
     args = p.parse_args(argv)
@@ -273,7 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_run:
         args.out.mkdir(parents=True, exist_ok=True)
         for algorithm in args.algorithms:
-            code, walls[algorithm] = run_one(algorithm, args)
+            for attempt in range(1 + args.retries):
+                code, walls[algorithm] = run_one(algorithm, args)
+                trained = read_metrics(args.out / algorithm / "metrics.jsonl")
+                cut_short = code != 0 or walls[algorithm] < 60 * args.minutes
+                if trained or not cut_short or attempt == args.retries:
+                    break  # a run that trained is kept, even if it ended badly
+                print(f"[compare] {algorithm}: stopped before its first step; again", flush=True)
             if code != 0:
                 failed.append(algorithm)
     print(report(args, walls))
