@@ -128,12 +128,19 @@ def run_one(algorithm: str, args: argparse.Namespace) -> tuple[int, float]:
 
 
 def run_config(algorithm: str, args: argparse.Namespace) -> dict:
-    """The run's resolved trainer config (its final checkpoint's copy, else the file's)."""
+    """The run's resolved trainer config: its last checkpoint's copy, else the config file with
+    this script's overrides for it (a run that never reached a checkpoint)."""
     import yaml
 
     ckpts = sorted((args.out / algorithm / "checkpoints").glob("step_*"))
-    source = ckpts[-1] / "config.yaml" if ckpts else args.config
-    return yaml.safe_load(source.read_text())
+    if ckpts:
+        return yaml.safe_load((ckpts[-1] / "config.yaml").read_text())
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(args.config)
+    extra = [*OVERRIDES.get(algorithm, []), *args.set.get(algorithm, []), *args.set.get("*", [])]
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([*extra, f"max_minutes={args.minutes:g}"]))
+    return OmegaConf.to_container(cfg)
 
 
 def heldout_scores(runs: list[RunSummary], args: argparse.Namespace) -> None:
@@ -176,23 +183,26 @@ def heldout_scores(runs: list[RunSummary], args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace, walls: dict[str, float]) -> str:
     import yaml
 
-    cfg = run_config(args.algorithms[0], args)
-    g, gps = int(cfg["data"]["group_size"]), int(cfg["train"]["groups_per_step"])
     window = yaml.safe_load(args.config.read_text()).get("sampling", {}).get("sde_window")
-    runs = [
-        summarise(
-            a,
-            read_metrics(args.out / a / "metrics.jsonl"),
-            group_size=g,
-            groups_per_step=gps,
-            smooth_groups=args.smooth_groups,
+    runs, configs = [], {}
+    for a in args.algorithms:
+        configs[a] = cfg = run_config(a, args)  # each run's own sizes (--set may change them)
+        runs.append(
+            summarise(
+                a,
+                read_metrics(args.out / a / "metrics.jsonl"),
+                group_size=int(cfg["data"]["group_size"]),
+                groups_per_step=int(cfg["train"]["groups_per_step"]),
+                smooth_groups=args.smooth_groups,
+            )
         )
-        for a in args.algorithms
-    ]
+    cfg = configs[args.algorithms[0]]
+    g, gps = int(cfg["data"]["group_size"]), int(cfg["train"]["groups_per_step"])
+    minutes = float(cfg.get("max_minutes") or args.minutes)
     if args.heldout:
         heldout_scores(runs, args)
     title = (
-        f"ShapesEval, {args.minutes:g} min per algorithm, 1 rollout + 1 reward worker, "
+        f"ShapesEval, {minutes:g} min per algorithm, 1 rollout + 1 reward worker, "
         f"{gps} groups x {g} samples a step"
     )
     png = plot(runs, args.out / "algorithms_compare.png", title=title,
@@ -201,7 +211,7 @@ def report(args: argparse.Namespace, walls: dict[str, float]) -> str:
     lines = [
         f"Measured {dt.date.today().isoformat()}: `{args.command}`",
         "",
-        f"Budget {args.minutes:g} min per algorithm (`max_minutes`, trainer clock), config "
+        f"Budget {minutes:g} min per algorithm (`max_minutes`, trainer clock), config "
         f"`examples/shapes_flow_grpo.yaml` (lr {cfg['train']['lr']}, max_staleness "
         f"{cfg['train']['max_staleness']}, window {window} unless an "
         "algorithm places its own: `flow_grpo_fast`, `mix_grpo`; `diffusion_nft` and "
