@@ -1,8 +1,27 @@
-"""Project-wide fixtures."""
+"""Project-wide fixtures.
+
+``OMNIRL_TEST_DEVICE`` (default ``cpu``) is the device the tiny-model tests that take the
+``test_device`` fixture run on, e.g. ``OMNIRL_TEST_DEVICE=cuda pytest tests/models``.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+TEST_DEVICE = os.environ.get("OMNIRL_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="session")
+def test_device() -> str:
+    """The torch device of the device-aware tiny-model tests (``OMNIRL_TEST_DEVICE``)."""
+    if TEST_DEVICE.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("OMNIRL_TEST_DEVICE asks for CUDA, which is not available")
+    return TEST_DEVICE
 
 
 @pytest.fixture(scope="session")

@@ -16,19 +16,21 @@ LORA = {"r": 4, "lora_alpha": 8}
 
 
 @pytest.fixture(scope="module")
-def trainer(tiny_sd3_path):
-    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, lora=LORA)
+def trainer(tiny_sd3_path, test_device):
+    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, device=test_device, lora=LORA)
     # a LoRA fresh from init is a no-op (B = 0); move it so that parity means something
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in train.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p.device))
     return train
 
 
 @pytest.fixture(scope="module")
-def rollout(tiny_sd3_path, trainer):
-    roll = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, lora=LORA, max_sequence_length=16)
+def rollout(tiny_sd3_path, trainer, test_device):
+    roll = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
+    )
     roll.load_weights("lora", trainer.export_weights())
     return roll
 
@@ -56,7 +58,7 @@ def test_recomputed_log_prob_equals_recorded(trainer, rollout, sde_type):
         with torch.no_grad():
             out = trainer.transition(batch, sde_type=sde_type)
         assert out.log_prob.dtype == torch.float32 and out.log_prob.shape == (4,)
-        ratio = torch.exp(out.log_prob - batch.old_log_probs)
+        ratio = torch.exp(out.log_prob.cpu() - batch.old_log_probs)
         torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
 
 
@@ -65,8 +67,8 @@ def test_parity_without_cfg_and_on_a_micro_batch(trainer, rollout):
     batch = collate_transitions(groups, 1)
     assert not batch.do_cfg
     with torch.no_grad():
-        full = trainer.transition(batch, sde_type="sde").log_prob
-        half = trainer.transition(batch.select([1, 2]), sde_type="sde").log_prob
+        full = trainer.transition(batch, sde_type="sde").log_prob.cpu()
+        half = trainer.transition(batch.select([1, 2]), sde_type="sde").log_prob.cpu()
     torch.testing.assert_close(full, batch.old_log_probs, atol=1e-5, rtol=0)
     torch.testing.assert_close(half, full[1:3], atol=1e-5, rtol=0)
 
@@ -91,7 +93,9 @@ def test_gradients_reach_only_lora_and_reference_disables_it(trainer, rollout):
     torch.testing.assert_close(after.log_prob, out.log_prob.detach())  # adapter back on
 
 
-def test_lora_update_changes_rollout_and_matches_trainer(tiny_sd3_path, trainer, rollout):
+def test_lora_update_changes_rollout_and_matches_trainer(
+    tiny_sd3_path, trainer, rollout, test_device
+):
     before = sample(rollout, "sde")[0]
     update = trainer.export_weights()
     assert update and all(t.device.type == "cpu" and t.is_contiguous() for t in update.values())
@@ -104,10 +108,12 @@ def test_lora_update_changes_rollout_and_matches_trainer(tiny_sd3_path, trainer,
     assert not torch.allclose(groups[0].final_latents, before.final_latents, atol=1e-4)
     batch = collate_transitions(groups, 2)
     with torch.no_grad():
-        new = trainer.transition(batch, sde_type="sde").log_prob
+        new = trainer.transition(batch, sde_type="sde").log_prob.cpu()
     torch.testing.assert_close(new, batch.old_log_probs, atol=1e-5, rtol=0)
     # a rollout without an adapter creates one from the update's adapter_config
-    bare = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, max_sequence_length=16)
+    bare = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
     with pytest.raises(WeightLoadError, match="adapter_config"):
         bare.load_weights("lora", trainer.export_weights())
     bare.load_weights("lora", trainer.export_weights(), adapter_config=trainer.adapter_config())
@@ -139,15 +145,17 @@ def test_bad_update_is_refused_and_leaves_model_unchanged(rollout):
     assert all(torch.equal(snapshot[k], after[k]) for k in snapshot)
 
 
-def test_full_finetune_round_trip_and_lazy_reference(tiny_sd3_path):
-    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path)
+def test_full_finetune_round_trip_and_lazy_reference(tiny_sd3_path, test_device):
+    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, device=test_device)
     assert train.weight_format == "full" and train.adapter_config() == {}
     n_params = sum(1 for _ in train.transformer.parameters())
     assert len(train.trainable_parameters()) == n_params
     with torch.no_grad():
         for p in train.trainable_parameters():
             p.add_(0.01)
-    roll = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, max_sequence_length=16)
+    roll = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
     roll.load_weights("full", train.export_weights())
     groups = sample(roll, "dance_sde")
     batch = collate_transitions(groups, 0)
@@ -156,7 +164,7 @@ def test_full_finetune_round_trip_and_lazy_reference(tiny_sd3_path):
         policy = train.transition(batch, sde_type="dance_sde")
         with train.reference():
             ref = train.transition(batch, sde_type="dance_sde")
-    torch.testing.assert_close(policy.log_prob, batch.old_log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(policy.log_prob.cpu(), batch.old_log_probs, atol=1e-5, rtol=0)
     assert train._reference_model is not None
     assert not torch.allclose(ref.prev_sample_mean, policy.prev_sample_mean, atol=1e-5)
 
@@ -175,13 +183,15 @@ def test_save_pretrained_loads_with_diffusers_load_lora_weights(tmp_path, tiny_s
     assert all(torch.equal(loaded[k], exported[k]) for k in exported)
 
 
-def test_gradient_checkpointing_gives_the_same_log_prob_and_grads(tiny_sd3_path, rollout):
+def test_gradient_checkpointing_gives_the_same_log_prob_and_grads(
+    tiny_sd3_path, rollout, test_device
+):
     batch = collate_transitions(sample(rollout, "sde"), 1)
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)  # same LoRA init
         train = SD3TrainingAdapter.from_pretrained(
-            tiny_sd3_path, lora=LORA, gradient_checkpointing=checkpointing
+            tiny_sd3_path, device=test_device, lora=LORA, gradient_checkpointing=checkpointing
         )
         assert train.transformer.is_gradient_checkpointing == checkpointing
         with torch.no_grad():
@@ -192,9 +202,10 @@ def test_gradient_checkpointing_gives_the_same_log_prob_and_grads(tiny_sd3_path,
     torch.testing.assert_close(grads[0], grads[1])
 
 
-def test_bf16_model_with_fp32_lora_keeps_exact_parity(tiny_sd3_path):
-    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, dtype=torch.bfloat16, lora=LORA)
-    roll = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, dtype=torch.bfloat16, lora=LORA)
+def test_bf16_model_with_fp32_lora_keeps_exact_parity(tiny_sd3_path, test_device):
+    kw = {"device": test_device, "dtype": torch.bfloat16, "lora": LORA}
+    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, **kw)
+    roll = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, **kw)
     for adapter in (train, roll):
         dtypes = {p.dtype for n, p in adapter.transformer.named_parameters() if "lora_" in n}
         assert dtypes == {torch.float32}  # same adapter kernels on both sides
@@ -207,5 +218,5 @@ def test_bf16_model_with_fp32_lora_keeps_exact_parity(tiny_sd3_path):
     assert groups[0].latents.dtype == torch.float32
     batch = collate_transitions(groups, 1)
     with torch.no_grad():
-        new = train.transition(batch, sde_type="sde").log_prob
+        new = train.transition(batch, sde_type="sde").log_prob.cpu()
     torch.testing.assert_close(new, batch.old_log_probs, atol=1e-5, rtol=0)

@@ -108,3 +108,27 @@ def test_replay_tool_feeds_a_running_trainer(tiny_sd3_path, recorded_groups, tmp
     # the trainer's own --record saw the same messages, byte for byte
     again = [[bytes(f) for f in r.frames] for r in RecordingReader(tmp_path / "again").records()]
     assert again == [[bytes(f) for f in r.frames] for r in RecordingReader(directory).records()]
+
+
+@pytest.mark.parametrize(
+    ("speed", "expected_sleeps"),
+    [("max", []), ("recorded", [2.0, 3.0]), ("2", [1.0, 1.5])],
+)
+def test_replay_pacing_keeps_recorded_gaps_scaled(speed, expected_sleeps):
+    """Records at t = 10, 12, 15 s (offsets 2 and 5); the fake clock moves only when the
+    replay sleeps, so each sleep is the rest of the way to the next scaled offset."""
+    from types import SimpleNamespace
+
+    from omnirl.tools.replay import _speed, paced
+
+    now = [100.0]
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(round(s, 6))
+        now[0] += s
+
+    records = [SimpleNamespace(time=t) for t in (10.0, 12.0, 15.0)]
+    out = list(paced(records, _speed(speed), clock=lambda: now[0], sleep=sleep))
+    assert out == records
+    assert sleeps == [pytest.approx(x) for x in expected_sleeps]

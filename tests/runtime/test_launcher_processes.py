@@ -115,3 +115,12 @@ def test_address_file_formats_parse(tmp_path):
     assert read_address(path) == "tcp://127.0.0.1:7"
     path.write_text("tcp://127.0.0.1:8\n")
     assert read_address(path) == "tcp://127.0.0.1:8"
+
+
+def test_cores_are_shared_between_trainer_and_rollout_workers():
+    from omnirl.tools.launch import share_cores
+
+    assert share_cores(1, cores=2) == 1
+    assert share_cores(1, cores=16) == 8
+    assert share_cores(3, cores=16) == 4
+    assert share_cores(8, cores=4) == 1  # never fewer than one thread

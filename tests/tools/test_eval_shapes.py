@@ -150,3 +150,58 @@ def test_eval_loads_a_trainer_saved_lora_like_a_weight_update(pretrained, tmp_pa
     assert not np.array_equal(base.images, expected.images)
     with pytest.raises(FileNotFoundError):
         load_adapter(pretrained, lora=tmp_path)
+
+
+def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrained, tmp_path):
+    """A run folder as the trainer writes it (checkpoint policy/ with adapter_config.json,
+    config.yaml, metrics.jsonl): the curve has the base at minute 0 and the checkpoint at its
+    elapsed time, and the checkpoint is sampled with its own alpha / r."""
+    import torch
+    import yaml
+
+    from omnirl.models.shapes_t2i import ShapesT2IRolloutAdapter, ShapesT2ITrainingAdapter
+    from omnirl.tools.eval_shapes import evaluate, load_adapter
+    from omnirl.tools.shapes_curve import apply_policy, main
+    from omnirl.trainer.checkpoint import save_checkpoint
+
+    lora = {"r": 4, "lora_alpha": 16}  # scale 4: a reader that assumed alpha = r would differ
+    train = ShapesT2ITrainingAdapter.from_pretrained(pretrained, lora=lora)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in train.trainable_parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    run = tmp_path / "run"
+    config = {
+        "run": {"name": "curve_test"},
+        "model": {"path": str(pretrained), "lora": {"r": 4, "alpha": 16}},
+        "sampling": {"num_steps": 2, "guidance_scale": 3.0, "height": 32, "width": 32},
+    }
+    save_checkpoint(
+        run / "checkpoints", 2, state={}, adapter=train, config_yaml=yaml.safe_dump(config)
+    )
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "elapsed_s": 30.0 * s}) + "\n" for s in (1, 2))
+    )
+    prompts = tmp_path / "p.jsonl"
+    specs = generate_prompts(3, "heldout", seed=0)
+    prompts.write_text(
+        "".join(json.dumps({"prompt": s.text, "metadata": s.to_metadata()}) + "\n" for s in specs)
+    )
+    assert main([str(run), "--prompts", str(prompts), "--seeds", "1"]) == 0
+    rows = json.loads((run / "curve" / "curve.json").read_text())
+    assert [(r["step"], r["minutes"]) for r in rows] == [(0, 0.0), (2, 1.0)]
+    assert "gain_vs_base" in rows[1] and set(rows[1]["categories"]) <= set(rows[0]["categories"])
+    for name in ("curve.png", "before_after.png"):
+        assert (run / "curve" / name).stat().st_size > 1000
+
+    pushed = ShapesT2IRolloutAdapter.from_pretrained(pretrained, lora=lora)
+    pushed.load_weights("lora", train.export_weights())
+    loaded = load_adapter(pretrained)
+    apply_policy(loaded, run / "checkpoints" / "step_00000002" / "policy", {})
+    kw = {"seeds": 1, "num_steps": 2}
+    expected = evaluate(pushed, specs, **kw)
+    assert np.array_equal(evaluate(loaded, specs, **kw).images, expected.images)
+    (run / "checkpoints" / "step_00000002" / "policy" / "adapter_config.json").unlink()
+    unscaled = load_adapter(pretrained)
+    apply_policy(unscaled, run / "checkpoints" / "step_00000002" / "policy", {})  # alpha = r
+    assert not np.array_equal(evaluate(unscaled, specs, **kw).images, expected.images)

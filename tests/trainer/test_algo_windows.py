@@ -73,6 +73,11 @@ def test_lease_sampling_takes_config_first_then_the_algorithm():
         lease_sampling("dance_grpo", seed=3, step=0, num_steps=10, noise_level=0.5)["noise_level"]
         == 0.5
     )
+    for algorithm, configured in (("flow_grpo", True), ("dance_grpo", False)):
+        fields = lease_sampling(
+            algorithm, seed=3, step=0, num_steps=10, same_initial_noise=configured
+        )
+        assert fields["same_initial_noise"] is configured  # the config wins both ways
     assert lease_window(None, seed=0, step=0, num_steps=10) is None
     with pytest.raises(ValueError, match="sde_window"):
         lease_window(None, seed=0, step=0, num_steps=10, configured=(3, 3))

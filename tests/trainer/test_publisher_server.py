@@ -103,7 +103,13 @@ def _scored(lease: Lease, prompt, reward=1.0):
         sampling=lease.sampling,
         policy_version=lease.policy_version,
         seeds=torch.arange(g, dtype=torch.int64),
-        rewards=Rewards(group_id=prompt.group_id, total=[reward] * g),
+        images=torch.full((g, 8, 8, 3), 200, dtype=torch.uint8),
+        rewards=Rewards(
+            group_id=prompt.group_id,
+            total=[reward] * g,
+            components={"a": [reward] * g, "b": [0.5] * g},
+            weights={"a": 1.0, "b": 0.0},
+        ),
     )
 
 
@@ -137,7 +143,7 @@ def _collect_version(weights: Peer, timeout=5.0):
 
 @pytest.mark.timeout(60)
 def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_path):
-    cfg = _config(tmp_path)
+    cfg = _config(tmp_path, "logging.tensorboard=true", "logging.image_grid_every=1")
     backend = NullBackend()
     server, thread, result, address = _start(cfg, backend)
     ctx = zmq.Context()
@@ -200,7 +206,12 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
         assert result.get("rc") == 0
         lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [1, 2]
-        assert json.loads(lines[0])["policy_version"] == 1
+        first = json.loads(lines[0])
+        assert first["policy_version"] == 1
+        assert first["reward/a"] == 1.0 and first["reward/b"] == 0.5  # each component logged
+        assert first["elapsed_s"] > 0
+        assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+        assert (tmp_path / "run" / "images" / "step_000001.png").is_file()
         assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "state.pt").is_file()
     finally:
         server.request_stop()

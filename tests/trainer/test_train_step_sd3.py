@@ -5,6 +5,7 @@ window of 2; CFG only for cps) because every forward pass costs CPU time on a sh
 """
 
 import math
+import os
 
 import msgspec
 import pytest
@@ -17,6 +18,7 @@ from omnirl.trainer.algorithms.registry import get_algorithm
 from omnirl.trainer.step import TrainStep, TrainStepInputError
 
 ARCH = "StableDiffusion3Pipeline"
+DEVICE = os.environ.get("OMNIRL_TEST_DEVICE", "cpu")  # as tests/conftest.py's test_device
 LORA = {"r": 4, "lora_alpha": 4}
 ALGORITHM_OF_SDE = {"sde": "flow_grpo", "cps": "flow_grpo_cps", "dance_sde": "dance_grpo"}
 METRICS = frozenset(
@@ -64,7 +66,7 @@ def _with_rewards(groups, rewards):
 
 
 def _trainer(path, lora=LORA):
-    return get_training_adapter(ARCH, "flow_grpo").from_pretrained(path, lora=lora)
+    return get_training_adapter(ARCH, "flow_grpo").from_pretrained(path, device=DEVICE, lora=lora)
 
 
 def _max_ratio_dev(adapter, groups, sde_type: str) -> float:
@@ -72,14 +74,14 @@ def _max_ratio_dev(adapter, groups, sde_type: str) -> float:
     with torch.no_grad():
         for k in range(int(groups[0].latents.shape[1])):
             batch = collate_transitions(groups, k)
-            lp = adapter.transition(batch, sde_type=sde_type).log_prob
+            lp = adapter.transition(batch, sde_type=sde_type).log_prob.cpu()
             devs.append((torch.exp(lp - batch.old_log_probs) - 1).abs().max().item())
     return max(devs)
 
 
 @pytest.fixture(scope="module")
 def groups_by_sde(tiny_sd3_path):
-    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path)
+    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path, device=DEVICE)
     # "sde": window (1, 3) leaves step 0 deterministic (and untrained); the others start
     # at sigma = 1, where the sde step's variance needs its special case.
     return {
@@ -236,3 +238,45 @@ def test_bad_groups_are_refused_before_anything_changes(tiny_sd3_path, groups_by
         TrainStep(_trainer(tiny_sd3_path), "flow_grpo", TrainStep.Config(timestep_fraction=0))
     with pytest.raises(TypeError, match=r"unknown TrainStep\.Config keys"):
         TrainStep.Config.from_dict({"lr": 1e-3, "clip_rnage": 1e-4})
+
+
+def _grads_at_optimizer_step(step: TrainStep) -> list[list[torch.Tensor]]:
+    """Record the gradients the optimiser sees (after accumulation and clipping)."""
+    seen: list[list[torch.Tensor]] = []
+    inner = step.optimizer.step
+
+    def spy(*args, **kwargs):
+        seen.append([p.grad.detach().clone() for p in step.params])
+        return inner(*args, **kwargs)
+
+    step.optimizer.step = spy
+    return seen
+
+
+def test_accumulating_over_timesteps_and_micro_batches_gives_the_full_batch_gradient(
+    tiny_sd3_path, groups_by_sde
+):
+    grads = {}
+    for micro in (0, 1):  # 0: each timestep's 4 samples at once; 1: 8 backward passes
+        torch.manual_seed(0)  # the same random LoRA A matrices in both
+        step = TrainStep(
+            _trainer(tiny_sd3_path), "flow_grpo", TrainStep.Config(lr=1e-3, micro_batch_size=micro)
+        )
+        seen = _grads_at_optimizer_step(step)
+        m = step.step(groups_by_sde["sde"], policy_version=0)
+        assert m["trained_steps"] == 2 and len(seen) == 1
+        grads[micro] = seen[0]
+    assert any(g.abs().max() > 0 for g in grads[0])
+    for whole, accumulated in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(accumulated, whole, rtol=1e-4, atol=1e-9)
+
+
+def test_gradient_clipping_caps_the_norm_the_optimiser_sees(tiny_sd3_path, groups_by_sde):
+    step = TrainStep(
+        _trainer(tiny_sd3_path), "flow_grpo", TrainStep.Config(lr=1e-3, max_grad_norm=1e-7)
+    )
+    seen = _grads_at_optimizer_step(step)
+    m = step.step(groups_by_sde["sde"], policy_version=0)
+    clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in seen[0]]))
+    assert m["grad_norm"] > 1e-6  # reported: the norm before clipping
+    assert float(clipped) == pytest.approx(1e-7, rel=1e-2)  # torch adds 1e-6 to the norm

@@ -5,6 +5,10 @@ then M reward and N rollout workers pointed at it. Every child's output is prefi
 (``[trainer]``, ``[rollout-0]``, ...), interleaved on stdout, and kept whole in
 ``<output_dir>/logs/<name>.log``.
 
+The machine's cores are shared out: the trainer (on the CPU) and each rollout worker get
+``cores // (rollouts + 1)`` torch threads (at least 1) unless the config or the rollout
+arguments say otherwise.
+
 Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
 (SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
 second Ctrl-C kills everything at once. When the trainer exits on its own, the workers are
@@ -72,18 +76,36 @@ def run(args: argparse.Namespace) -> int:
     output_dir = Path(cfg.run.output_dir)
     trainer = [*_command("trainer", "omnirl.trainer.cli"), "--config", str(args.config)]
     trainer += [*shlex.split(args.trainer_args), *(["--resume"] if args.resume else [])]
+    threads = share_cores(args.rollout)
+    if cfg.run.threads == 0 and cfg.run.device == "cpu":
+        trainer.append(f"run.threads={threads}")
     trainer += list(args.overrides)
+    rollout_args = shlex.split(args.rollout_args)
+    if "--threads" not in rollout_args and not any(
+        a.startswith("--threads=") for a in rollout_args
+    ):
+        rollout_args += ["--threads", str(threads)]
     launcher = Launcher(
         output_dir=output_dir,
         trainer_argv=trainer,
         reward_argv=[*_command("reward", "omnirl.reward.cli"), *shlex.split(args.reward_args)],
-        rollout_argv=[*_command("rollout", "omnirl.rollout.cli"), *shlex.split(args.rollout_args)],
+        rollout_argv=[*_command("rollout", "omnirl.rollout.cli"), *rollout_args],
         num_reward=args.reward,
         num_rollout=args.rollout,
         address_timeout_s=args.address_timeout,
         grace_s=args.grace,
     )
     return launcher.run()
+
+
+def share_cores(num_rollout: int, cores: int | None = None) -> int:
+    """Torch CPU threads for each of the trainer and the ``num_rollout`` rollout workers of
+    one machine: its cores shared out, at least 1. Left to torch, every process would start
+    a thread per core, and their OpenMP threads would spin against each other (on 2 cores, a
+    tiny model ran several times slower). ``run.threads`` or ``--rollout-args=--threads N``
+    win over it; a trainer on a GPU is left alone."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, cores // (num_rollout + 1))
 
 
 def _command(script: str, module: str) -> list[str]:

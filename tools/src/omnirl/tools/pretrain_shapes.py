@@ -4,7 +4,9 @@
         [--batch 64] [--lr 5e-4] [--preset base] [--eval-every 5] [--eval-prompts 120]
         [--snapshots]
 
-Rectified flow: ``x_t = (1 - t) x0 + t eps``, target ``v = eps - x0``, ``t`` logit-normal
+Latent presets first train their VAE for ``--vae-minutes`` (``omnirl.tools.shapes_vae``) and
+freeze it; ``x0`` is then the VAE's scaled latent of the render. Rectified flow:
+``x_t = (1 - t) x0 + t eps``, target ``v = eps - x0``, ``t`` logit-normal
 (SD3's ``logit_normal(0, 1)``), the model called at timestep ``1000 t`` as SD3's sampler
 calls it. Each batch draws train-split prompts (categories balanced) and renders them with
 fresh random seeds; 10 % of the texts are replaced by the empty prompt (the negative prompt
@@ -30,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnirl.models.shapes_t2i import PRESETS, ShapesT2IRolloutAdapter, build_pipeline, encode_images
+from omnirl.models.shapes_t2i import PRESETS, ShapesT2IRolloutAdapter, build_pipeline
 from omnirl.reward.shapes import CATEGORIES, generate_prompts, render_batch, specs_in_split
 from omnirl.reward.shapes.world import all_specs
 from omnirl.tools.eval_shapes import evaluate, summarise
@@ -105,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m omnirl.tools.pretrain_shapes", description=__doc__.split("\n")[0]
     )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget")
+    parser.add_argument(
+        "--minutes", type=float, default=60.0, help="wall-clock budget of the flow-matching stage"
+    )
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     # one intra-op thread: on the shared 2-core machine (load 6-9) two OpenMP threads spin
@@ -128,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         "--snapshots", action="store_true", help="keep every evaluated model in OUT_DIR/snapshots"
     )
     parser.add_argument("--workers", type=int, default=0, help="render processes (0: inline)")
+    parser.add_argument(
+        "--vae-minutes", type=float, default=1.5, help="latent presets: VAE stage first"
+    )
+    parser.add_argument("--vae-lr", type=float, default=1e-3)
     parser.add_argument("--log-every", type=int, default=20, help="steps between log lines")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.minutes <= 0:
@@ -140,6 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed).to(dev)
+    data = train_batches(args.batch, args.seed, args.workers)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = args.out_dir / "pretrain_log.jsonl"
+    log_path.write_text("")
+
+    def log(row: dict) -> None:
+        with log_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+    if pipe.vae is not None:  # stage 1: the VAE, then frozen
+        from omnirl.tools.shapes_vae import roundtrip_accuracy, train_vae
+
+        train_vae(pipe, data, minutes=args.vae_minutes, lr=args.vae_lr, log=log)
+        check = generate_prompts(120, "heldout", seed=args.seed + 3)
+        log({"event": "vae_roundtrip", "heldout_strict": roundtrip_accuracy(pipe, check)})
     ema = copy.deepcopy(pipe)
     ema.transformer.requires_grad_(False).eval()
     ema.text_encoder.requires_grad_(False).eval()
@@ -151,23 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(
         modules.parameters(), lr=args.lr, weight_decay=0.0, fused=dev.type == "cuda"
     )
-    data = train_batches(args.batch, args.seed, args.workers)
     heldout = generate_prompts(args.eval_prompts, "heldout", seed=args.seed + 1)
     train_eval = generate_prompts(args.eval_train_prompts, "train", seed=args.seed + 2)
     empty_ids = pipe.tokenize([""])  # [1, L]
-    log_path = args.out_dir / "pretrain_log.jsonl"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("")
     print(
         f"transformer {n_params / 1e6:.2f} M params, text encoder {n_text / 1e6:.2f} M; "
         f"batch {args.batch}, device {dev}, {args.threads} threads",
         flush=True,
     )
-
-    def log(row: dict) -> None:
-        with log_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
 
     def run_eval(step: int, train_s: float, samples: int) -> None:
         adapter = ShapesT2IRolloutAdapter(ema, device=dev)
@@ -202,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         t0 = time.perf_counter()
         texts, images = next(data)
-        x0 = encode_images(images).to(dev)  # float32 [B, 3, 32, 32] in [-1, 1]
+        with torch.no_grad():  # pixels [B, 3, 32, 32] in [-1, 1], or scaled VAE latents
+            x0 = pipe.images_to_latents(images)
         ids = pipe.tokenize(texts)  # [B, L]
         drop = torch.rand(args.batch, device=dev) < CFG_DROPOUT
         ids = torch.where(drop[:, None], empty_ids.expand_as(ids), ids)
@@ -226,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         decay = min(args.ema, (1 + step) / (10 + step))
         ema_update(ema_modules, modules, decay)
+        window_loss += loss.item()  # waits for the device: the step's real end
         step += 1
         samples += args.batch
         train_s += time.perf_counter() - t0
         window_n += args.batch
-        window_loss += loss.item()
         if step % args.log_every == 0:
             now = time.perf_counter()
             log(

@@ -52,6 +52,21 @@ def _speed(text: str) -> float:
     return 1.0 / factor
 
 
+def paced(records, scale: float, *, clock=time.monotonic, sleep=time.sleep):
+    """Yield ``records`` (anything with a ``.time`` in seconds) no earlier than their recorded
+    offsets from the first one times ``scale`` (0: at once, 1: as recorded, 0.5: twice as
+    fast). Late records are not waited for and never reordered."""
+    start = first = None
+    for record in records:
+        if first is None:
+            first, start = record.time, clock()
+        elif scale:
+            delay = (record.time - first) * scale - (clock() - start)
+            if delay > 0:
+                sleep(delay)
+        yield record
+
+
 def _welcome(sockets, address: str, worker_id: str, timeout_s: float):
     from omnirl.protocol.messages import Hello, Refusal, Welcome
     from omnirl.protocol.sockets import recv_message, send_message
@@ -100,14 +115,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("replaying %s into %s (run %s)", args.directory, welcome.topology.intake,
                  welcome.run_id)  # fmt: skip
         sent = nbytes = 0
-        start = first = None
-        for record in reader.records():
-            if scale and first is not None:
-                delay = (record.time - first) * scale - (time.monotonic() - start)
-                if delay > 0:
-                    time.sleep(delay)
-            if first is None:
-                first, start = record.time, time.monotonic()
+        for record in paced(reader.records(), scale):
             send_frames(intake, record.frames)
             sent += 1
             nbytes += sum(f.nbytes for f in record.frames)

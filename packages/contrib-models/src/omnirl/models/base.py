@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from omnirl.models.compile import CompileConfig
     from omnirl.models.schedulers import SDEStepOutput
     from omnirl.models.transitions import TransitionBatch
     from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
@@ -100,6 +101,11 @@ class DiffusionRolloutAdapter(abc.ABC):
         """Apply a weight update atomically: validate every name, shape and dtype first,
         then copy; a bad update raises :class:`WeightLoadError` and leaves the model as it was.
         """
+
+    def compile(self, config: CompileConfig) -> list[str]:
+        """Switch to the compiled backend (:mod:`omnirl.models.compile`); return what was
+        compiled. A family without one raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no compiled backend")
 
 
 class SampleEncoder(abc.ABC):
@@ -205,6 +211,11 @@ class DiffusionTrainingAdapter(abc.ABC):
         raise NotImplementedError(
             f"{type(self).__name__} has no sample_encoder(); offline preference training needs it"
         )
+
+    def compile(self, config: CompileConfig) -> list[str]:
+        """Compile the trained module (:mod:`omnirl.models.compile`); return what was
+        compiled. A family without it raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be compiled")
 
     @abc.abstractmethod
     def export_weights(self) -> dict[str, Tensor]:

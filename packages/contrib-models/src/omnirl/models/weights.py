@@ -33,12 +33,21 @@ def lora_targets(module: nn.Module, adapter_name: str = DEFAULT_ADAPTER) -> dict
     return targets
 
 
+def _cpu_copy(t: Tensor) -> Tensor:
+    """A detached, contiguous CPU copy of the whole tensor (a sharded DTensor, e.g. under
+    FSDP2, is gathered first: a collective, so every rank must call the export)."""
+    t = t.detach()
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return t.to("cpu", copy=True).contiguous()
+
+
 def lora_state(module: nn.Module, adapter_name: str = DEFAULT_ADAPTER) -> dict[str, Tensor]:
     """The adapter's tensors under PEFT keys: detached, contiguous CPU copies."""
     targets = lora_targets(module, adapter_name)
     if not targets:
         raise WeightLoadError(f"module has no LoRA adapter named {adapter_name!r}")
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in targets.items()}
+    return {k: _cpu_copy(v) for k, v in targets.items()}
 
 
 def full_targets(module: nn.Module) -> dict[str, Tensor]:
@@ -48,9 +57,7 @@ def full_targets(module: nn.Module) -> dict[str, Tensor]:
 
 def full_state(module: nn.Module) -> dict[str, Tensor]:
     """Every weight of ``module`` under its ``state_dict`` key: detached, contiguous CPU copies."""
-    return {
-        k: v.detach().to("cpu", copy=True).contiguous() for k, v in full_targets(module).items()
-    }
+    return {k: _cpu_copy(v) for k, v in full_targets(module).items()}
 
 
 def validate_named_tensors(

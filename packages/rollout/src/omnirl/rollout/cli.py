@@ -26,6 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16"],
         help="model dtype (the scheduler and log-probs stay float32)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compiled backend: each transformer block torch.compiled, warmed up at load",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode (default: torch's; 'reduce-overhead' adds CUDA graphs)",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        default=None,
+        metavar="DIR",
+        help="persistent compile cache shared by workers (inductor cache + artifacts.bin)",
+    )
     parser.add_argument("--worker-id", default="", help="default: rollout-<random>")
     parser.add_argument("--capacity", type=int, default=1, help="prompt groups per lease request")
     parser.add_argument(
@@ -67,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer=args.trainer,
             device=args.device,
             dtype=args.dtype,
+            compile=args.compile or args.compile_mode is not None,
+            compile_mode=args.compile_mode,
+            compile_cache=args.compile_cache,
             worker_id=args.worker_id,
             capacity=args.capacity,
             security=SecurityConfig.from_args(args),

@@ -7,9 +7,11 @@ that ``rollout --help`` stays light.
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 from typing import Any
 
-from omnirl.protocol.messages import Lease, Welcome
+from omnirl.protocol.messages import Lease, PromptSpec, SamplingParams, Welcome
 from omnirl.rollout.weights_inbox import ReadyUpdate
 
 log = logging.getLogger("omnirl.rollout")
@@ -47,6 +49,25 @@ def lora_kwargs(welcome: Welcome, update: ReadyUpdate) -> dict[str, Any] | None:
     return kwargs
 
 
+def warmup_lease(welcome: Welcome, *, capacity: int = 1) -> tuple[list[PromptSpec], SamplingParams]:
+    """Prompts and sampling parameters shaped like the run's leases (from the Welcome's
+    ``sampling`` and ``data`` sections; a lease holds ``min(capacity, prompts_per_lease)``
+    groups), for compiling before the first real lease."""
+    cfg = welcome.config
+    sampling_cfg = cfg.get("sampling", {}) if isinstance(cfg.get("sampling"), dict) else {}
+    data = cfg.get("data", {}) if isinstance(cfg.get("data"), dict) else {}
+    fields = ("num_steps", "guidance_scale", "height", "width", "negative_prompt")
+    kwargs = {k: sampling_cfg[k] for k in fields if sampling_cfg.get(k) is not None}
+    sampling = SamplingParams(
+        group_size=int(data.get("group_size", 1)),
+        sde_type="ode",  # shapes only: no noise, nothing recorded
+        record_images=bool(sampling_cfg.get("record_images", True)),
+        **kwargs,
+    )
+    n = max(1, min(capacity, int(data.get("prompts_per_lease", 1))))
+    return [PromptSpec(group_id=f"warmup-{i}", text="warm-up") for i in range(n)], sampling
+
+
 class RolloutModel:
     """Holds the adapter and the version it holds."""
 
@@ -57,16 +78,28 @@ class RolloutModel:
 
     @classmethod
     def build(
-        cls, welcome: Welcome, first: ReadyUpdate, *, device: str, dtype: str
+        cls,
+        welcome: Welcome,
+        first: ReadyUpdate,
+        *,
+        device: str,
+        dtype: str,
+        compile: bool = False,
+        compile_mode: str | None = None,
+        compile_cache: str | None = None,
+        capacity: int = 1,
     ) -> RolloutModel:
-        """Load ``welcome.model_path`` with the adapter shape the first update needs."""
-        import torch
+        """Load ``welcome.model_path`` with the adapter shape the first update needs.
 
+        ``compile``: the compiled backend, warmed up here on one lease of the run's shapes
+        (so the first real lease does not wait for compilation). ``compile_cache``: a
+        directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
+        before compiling and written after the warm-up when absent.
+        """
+        from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import get_rollout_adapter
 
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}")
+        torch_dtype = resolve_dtype(dtype)
         adapter_cls = get_rollout_adapter(welcome.architecture, algorithm_of(welcome))
         adapter = adapter_cls.from_pretrained(
             welcome.model_path, device=device, dtype=torch_dtype, lora=lora_kwargs(welcome, first)
@@ -79,7 +112,40 @@ class RolloutModel:
             dtype,
             first.format,
         )
-        return cls(adapter, format=first.format)
+        model = cls(adapter, format=first.format)
+        if compile:
+            model.compile_and_warm_up(
+                welcome, mode=compile_mode, cache=compile_cache, capacity=capacity
+            )
+        return model
+
+    def compile_and_warm_up(
+        self,
+        welcome: Welcome,
+        *,
+        mode: str | None = None,
+        cache: str | None = None,
+        capacity: int = 1,
+    ) -> float:
+        """Compile the adapter and sample one throw-away lease of the run's shapes; returns
+        the seconds it took (compilation included)."""
+        from omnirl.models.compile import CompileConfig
+        from omnirl.models.compile_cache import load_artifacts, save_artifacts
+
+        artifacts = Path(cache) / "artifacts.bin" if cache else None
+        if artifacts is not None and artifacts.is_file():
+            load_artifacts(artifacts)
+        start = time.perf_counter()
+        self.adapter.compile(CompileConfig(mode=mode, cache_dir=cache))
+        prompts, sampling = warmup_lease(welcome, capacity=capacity)
+        self.adapter.sample(
+            prompts, sampling, lease_id="warmup", worker_id="warmup", policy_version=-1
+        )
+        took = time.perf_counter() - start
+        log.info("compiled backend warmed up in %.1f s", took)
+        if artifacts is not None and not artifacts.exists():
+            save_artifacts(artifacts)
+        return took
 
     def apply(self, update: ReadyUpdate) -> int:
         """Apply a whole version atomically (the adapter validates before it copies)."""

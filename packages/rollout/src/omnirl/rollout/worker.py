@@ -61,6 +61,9 @@ class RolloutWorkerConfig:
     trainer: str  # the trainer's control address
     device: str = "cpu"
     dtype: str = "float32"
+    compile: bool = False  # the compiled backend (omnirl.models.compile), warmed up at build
+    compile_mode: str | None = None  # torch.compile mode; "reduce-overhead": CUDA graphs
+    compile_cache: str | None = None  # persistent compile cache directory (shared by workers)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -202,7 +205,16 @@ class RolloutWorker:
             self._model_state = "loading"
             self._sampler.submit(
                 "load",
-                lambda: RolloutModel.build(welcome, update, device=cfg.device, dtype=cfg.dtype),
+                lambda: RolloutModel.build(
+                    welcome,
+                    update,
+                    device=cfg.device,
+                    dtype=cfg.dtype,
+                    compile=cfg.compile,
+                    compile_mode=cfg.compile_mode,
+                    compile_cache=cfg.compile_cache,
+                    capacity=cfg.capacity,
+                ),
             )
             return
         if update is not None:
@@ -446,7 +458,8 @@ class RolloutWorker:
         self._unwelcomed_since = time.monotonic()
 
     def _hello(self) -> Hello:
-        caps = Capabilities(backends=["diffusers"], device=self.config.device)
+        backend = "compiled" if self.config.compile else "diffusers"
+        caps = Capabilities(backends=[backend], device=self.config.device)
         return Hello(role="rollout", worker_id=self.worker_id, capabilities=caps)
 
     def _heartbeat(self) -> Heartbeat:

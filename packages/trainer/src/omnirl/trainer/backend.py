@@ -18,7 +18,9 @@ from typing import Any
 
 from omnirl.trainer.config import ConfigError, LoraConfig, to_container
 
+# ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
 _LOOP_KEYS = ("groups_per_step", "max_staleness")
+_MODEL_KEYS = ("gradient_checkpointing", "compile", "compile_mode", "compile_cache")
 
 
 def train_step_config(cfg: Any) -> Any:
@@ -29,7 +31,9 @@ def train_step_config(cfg: Any) -> Any:
     from omnirl.trainer.step import TrainStep
 
     values = {
-        k: v for k, v in to_container(cfg.train).items() if k not in _LOOP_KEYS and v is not None
+        k: v
+        for k, v in to_container(cfg.train).items()
+        if k not in _LOOP_KEYS + _MODEL_KEYS and v is not None
     }
     values.setdefault("seed", cfg.run.seed)
     values.update(to_container(cfg.algorithm)["overrides"])
@@ -47,6 +51,7 @@ class AdapterBackend:
     def __init__(self, cfg: Any):
         import torch
 
+        from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import architecture_of, get_training_adapter
         from omnirl.trainer.algorithms.registry import get_algorithm
         from omnirl.trainer.step import TrainStep
@@ -59,9 +64,20 @@ class AdapterBackend:
         adapter_cls = get_training_adapter(self.architecture, spec.adapter_algorithm)
         lora = LoraConfig.peft_kwargs(cfg.model.lora) if cfg.model.lora is not None else None
         torch.manual_seed(cfg.run.seed)  # LoRA initialisation is part of the run's seed
+        dtype = resolve_dtype(cfg.run.dtype)
         self.adapter = adapter_cls.from_pretrained(
-            self.model_path, device=cfg.run.device, dtype=getattr(torch, cfg.run.dtype), lora=lora
+            self.model_path,
+            device=cfg.run.device,
+            dtype=dtype,
+            lora=lora,
+            gradient_checkpointing=cfg.train.gradient_checkpointing,
         )
+        if cfg.train.compile:
+            from omnirl.models.compile import CompileConfig
+
+            self.adapter.compile(
+                CompileConfig(mode=cfg.train.compile_mode, cache_dir=cfg.train.compile_cache)
+            )
         self.weight_format = self.adapter.weight_format
         self.adapter_config = self.adapter.adapter_config()
         self.train_step = TrainStep(self.adapter, spec, step_config)

@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from omnirl.protocol.memory import retain_freed_memory
 
     retain_freed_memory()  # large messages reuse mapped pages (omnirl.protocol.memory)
+    if cfg.run.threads:  # on a CPU shared with rollout workers, fewer threads spin less
+        import torch
+
+        torch.set_num_threads(cfg.run.threads)
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.data import DataError
     from omnirl.trainer.server import TrainerServer

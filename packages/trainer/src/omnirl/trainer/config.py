@@ -39,6 +39,7 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"  # "cpu", "cuda:0", ...
     dtype: str = "float32"  # model dtype: "float32", "bfloat16", "float16"
+    threads: int = 0  # torch intra-op CPU threads; 0: torch's default (all cores)
 
 
 @dataclass
@@ -95,6 +96,9 @@ class SamplingConfig:
     noise_level: float | None = None  # null: the algorithm's (flow_grpo 0.7, dance_grpo 0.3)
     sde_window: list[int] | None = None  # [start, end) step indices; null: all steps
     sde_type: str | None = None  # null: the algorithm's SDE variant
+    # one initial noise x_T for all samples of a prompt, so that the group's differences come
+    # from the trained SDE steps alone; null: the algorithm's (DanceGRPO: true)
+    same_initial_noise: bool | None = None
     negative_prompt: str = _sampling_default("negative_prompt")
     record_images: bool = _sampling_default("record_images")
 
@@ -124,6 +128,11 @@ class TrainConfig:
     clip_range: float | None = None
     kl_beta: float | None = None
     max_grad_norm: float | None = None
+    # how the model runs (not TrainStep.Config fields): see docs/architecture.md, "GPU path"
+    gradient_checkpointing: bool = False  # recompute block activations in backward
+    compile: bool = False  # each transformer block torch.compiled (omnirl.models.compile)
+    compile_mode: str | None = None  # torch.compile mode; null: torch's default
+    compile_cache: str | None = None  # persistent compile cache directory
 
 
 @dataclass
@@ -229,6 +238,7 @@ def _validate(cfg: DictConfig) -> None:
         ("train.max_staleness", cfg.train.max_staleness >= 0),
         ("max_steps", cfg.max_steps >= 0),
         ("max_minutes", cfg.max_minutes >= 0),
+        ("run.threads", cfg.run.threads >= 0),
         ("runtime.weight_chunk_bytes", cfg.runtime.weight_chunk_bytes >= 1),
         ("runtime.heartbeat_timeout_s", cfg.runtime.heartbeat_timeout_s > 0),
         ("runtime.lease_timeout_s", cfg.runtime.lease_timeout_s > 0),

@@ -195,6 +195,7 @@ class FleetControl:
                 sde_type=s.sde_type or self.backend.sde_type,
                 noise_level=s.noise_level,
                 sde_window=s.sde_window,
+                same_initial_noise=s.same_initial_noise,
             ),
         )
 

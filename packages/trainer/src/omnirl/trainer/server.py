@@ -346,6 +346,10 @@ class TrainerServer(FleetControl):
         t0 = time.perf_counter()
         pushed = self.publisher.publish(self.weights, self.version, self.backend.export_weights())
         rewards = [r for g in batch for r in g.rewards.total]
+        components: dict[str, list[float]] = {}
+        for g in batch:
+            for name, values in g.rewards.components.items():
+                components.setdefault(name, []).extend(values)
         metrics.update(
             policy_version=self.version,
             elapsed_s=time.monotonic() - self._started,
@@ -356,6 +360,7 @@ class TrainerServer(FleetControl):
             staleness_mean=sum(staleness) / len(staleness),
             staleness_max=max(staleness),
             reward_mean=sum(rewards) / max(1, len(rewards)),
+            **{f"reward/{name}": sum(v) / max(1, len(v)) for name, v in components.items()},
             intake_rate=self.intake.rate(),
             **{f"ledger/{k}": v for k, v in self.ledger.summary().items()},
         )

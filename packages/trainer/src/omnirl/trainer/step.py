@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +45,9 @@ from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_m
 from omnirl.trainer.algorithms.windows import window_buckets
 from omnirl.trainer.ema import EMA
 from omnirl.trainer.optim import OptimConfig, build_adamw, trainable
+
+if TYPE_CHECKING:
+    from omnirl.trainer.distributed import DataParallel
 
 # Fallbacks for the fields an algorithm may set (AlgorithmSpec.defaults), used when
 # neither the caller nor the algorithm gives a value.
@@ -77,11 +80,16 @@ class TrainStep:
     public surface (``step``, ``state_dict``, ``load_state_dict``, ``config``, ``spec``).
     """
 
-    def __new__(cls, adapter=None, algorithm=None, config=None):
+    def __new__(cls, adapter=None, algorithm=None, config=None, *, parallel=None):
         spec = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
         if cls is TrainStep and spec is not None and not spec.needs_log_probs:
             from omnirl.trainer.forward_step import ForwardProcessStep
 
+            if parallel is not None:
+                raise NotImplementedError(
+                    f"algorithm {spec.name!r} (a forward-process objective) has no "
+                    "data-parallel step yet"
+                )
             return ForwardProcessStep(adapter, spec, config)
         return super().__new__(cls)
 
@@ -170,8 +178,14 @@ class TrainStep:
         adapter: DiffusionTrainingAdapter,
         algorithm: AlgorithmSpec | str,
         config: TrainStep.Config | None = None,
+        *,
+        parallel: DataParallel | None = None,
     ) -> None:
+        """``parallel``: this process's share of a data-parallel step
+        (:class:`omnirl.trainer.distributed.DataParallel`); every rank then calls
+        :meth:`step` with the same groups and trains its share of the samples."""
         self.adapter = adapter
+        self.parallel = parallel
         self.spec = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
         self.config = (config or TrainStep.Config()).resolve(self.spec)
         cfg = self.config
@@ -223,6 +237,8 @@ class TrainStep:
                 [a for i, a in enumerate(adv.advantages) if i not in skipped]
             ).to(self.device)
             self._train(kept, advantages, acc)
+        if self.parallel is not None:
+            acc = self.parallel.gather_metrics(acc)
         metrics.update(acc.summary())
         metrics["time_s"] = time.perf_counter() - start
         return metrics
@@ -376,54 +392,72 @@ class TrainStep:
     ) -> None:
         cfg = self.config
         sde_type = self.spec.sde_type
+        par = self.parallel
         self.optimizer.zero_grad(set_to_none=True)
         chunk = cfg.micro_batch_size or len(rows)
-        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
         in_update = torch.zeros(int(advantages.numel()), dtype=torch.bool)
         in_update[rows] = True
-        for b, (batch_rows, batch) in enumerate(batches):
-            local = in_update[batch_rows].nonzero().flatten()  # this update's rows of the batch
+        plan: list[tuple[int, torch.Tensor]] = []  # (batch, this update's rows of it)
+        for b, (batch_rows, _) in enumerate(batches):
+            local = in_update[batch_rows].nonzero().flatten()
             if len(local) == 0:
                 continue
-            for micro in local.split(chunk):
-                mb = batch.select(micro)
-                out = self.adapter.transition(mb, sde_type=sde_type)
-                ref_mean = None
-                if self.needs_reference:
-                    with torch.no_grad(), self.adapter.reference():
-                        ref_mean = self.adapter.transition(mb, sde_type=sde_type).prev_sample_mean
-                dev_micro = micro.to(self.device)
-                if prox is None:
-                    prox_k, prox_mean = out.log_prob.detach(), out.prev_sample_mean.detach()
-                else:
-                    prox_k = prox[b][0][dev_micro]
-                    prox_mean = prox[b][1][dev_micro] if prox[b][1] is not None else None
-                res = self.loss(
-                    LossInputs(
-                        log_prob=out.log_prob,
-                        prox_log_prob=prox_k,
-                        behav_log_prob=mb.old_log_probs,
-                        advantages=advantages[batch_rows[micro].to(self.device)],
-                        prev_sample_mean=out.prev_sample_mean,
-                        ref_prev_sample_mean=ref_mean,
-                        std_dev_t=out.std_dev_t,
-                        prox_prev_sample_mean=prox_mean,
-                        step_std=out.step_std,
-                        sqrt_dt=(mb.sigmas - mb.next_sigmas).clamp(min=0).sqrt(),
-                    )
+            plan.extend(
+                (b, m) for m in (local.split(chunk) if par is None else par.split(local, chunk))
+            )
+        # loss, policy_loss, kl summed on the device: no host sync inside the loop
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        grad_scale = 1.0 if par is None else par.grad_scale
+        for i, (b, micro) in enumerate(plan):
+            batch_rows, batch = batches[b]
+            if par is not None:
+                par.before_backward(last=i == len(plan) - 1)
+            if len(micro) == 0:  # this rank's share ran out: keep FSDP's collectives in step
+                self._idle_pass(batch)
+                continue
+            mb = batch.select(micro)
+            out = self.adapter.transition(mb, sde_type=sde_type)
+            ref_mean = None
+            if self.needs_reference:
+                with torch.no_grad(), self.adapter.reference():
+                    ref_mean = self.adapter.transition(mb, sde_type=sde_type).prev_sample_mean
+            dev_micro = micro.to(self.device)
+            if prox is None:
+                prox_k, prox_mean = out.log_prob.detach(), out.prev_sample_mean.detach()
+            else:
+                prox_k = prox[b][0][dev_micro]
+                prox_mean = prox[b][1][dev_micro] if prox[b][1] is not None else None
+            res = self.loss(
+                LossInputs(
+                    log_prob=out.log_prob,
+                    prox_log_prob=prox_k,
+                    behav_log_prob=mb.old_log_probs,
+                    advantages=advantages[batch_rows[micro].to(self.device)],
+                    prev_sample_mean=out.prev_sample_mean,
+                    ref_prev_sample_mean=ref_mean,
+                    std_dev_t=out.std_dev_t,
+                    prox_prev_sample_mean=prox_mean,
+                    step_std=out.step_std,
+                    sqrt_dt=(mb.sigmas - mb.next_sigmas).clamp(min=0).sqrt(),
                 )
-                # Weight so the gradient is that of the mean over every (sample, step) pair.
-                weight = len(micro) / (len(rows) * num_k)
-                # A deterministic step (step_std 0: cps into sigma 0, noise level 0) has a
-                # constant log-prob: its term is a constant, with nothing to backpropagate.
-                if res.loss.requires_grad:
-                    (res.loss * weight).backward()
-                totals["loss"] += float(res.loss.detach()) * weight
-                totals["policy_loss"] += float(res.policy_loss) * weight
-                totals["kl"] += float(res.kl) * weight
-                acc.add_samples(res.per_sample)
-                if first_epoch:
-                    acc.add_parity(prox_k - mb.old_log_probs)
+            )
+            # Weight so the gradient is that of the mean over every (sample, step) pair of
+            # the update (all ranks' rows: ``rows`` is the whole update's).
+            weight = len(micro) / (len(rows) * num_k)
+            # A deterministic step (step_std 0: cps into sigma 0, noise level 0) has a
+            # constant log-prob: its term is a constant, with nothing to backpropagate.
+            if res.loss.requires_grad:
+                (res.loss * (weight * grad_scale)).backward()
+            elif par is not None and out.prev_sample_mean.requires_grad:
+                # still one backward, of zero, so FSDP's hooks and collectives stay in step
+                (out.prev_sample_mean.sum() * 0.0).backward()
+            totals += torch.stack([res.loss.detach(), res.policy_loss, res.kl]).double() * weight
+            acc.add_samples(res.per_sample)
+            if first_epoch:
+                acc.add_parity(prox_k - mb.old_log_probs)
+        if par is not None:
+            par.reduce_gradients(self.params)
+            totals = par.sum(totals)
         max_norm = cfg.max_grad_norm or math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if math.isfinite(grad_norm):
@@ -434,4 +468,15 @@ class TrainStep:
         else:  # never let one bad batch write NaNs into the weights
             acc.nonfinite_updates += 1
         self.optimizer.zero_grad(set_to_none=True)
-        acc.add_update(grad_norm=grad_norm, **totals)
+        loss, policy_loss, kl = totals.tolist()
+        acc.add_update(grad_norm=grad_norm, loss=loss, policy_loss=policy_loss, kl=kl)
+
+    def _idle_pass(self, batch: TransitionBatch) -> None:
+        """The forward passes (and a zero backward) of one row, contributing nothing: a rank
+        whose share of an update is shorter than another's still runs every collective."""
+        mb = batch.select(torch.arange(1))
+        out = self.adapter.transition(mb, sde_type=self.spec.sde_type)
+        if self.needs_reference:
+            with torch.no_grad(), self.adapter.reference():
+                self.adapter.transition(mb, sde_type=self.spec.sde_type)
+        (out.prev_sample_mean.sum() * 0.0).backward()

@@ -40,7 +40,8 @@ def add_lora(transformer: torch.nn.Module, lora: dict[str, Any]) -> dict[str, An
 
     Only the adapter's parameters require grad afterwards. They are float32 whatever the
     base model's dtype, on the trainer (so optimiser updates are not lost to bf16 rounding)
-    and on the rollout alike (so both run the same adapter kernels and agree exactly).
+    and on the rollout alike (so both run the same adapter kernels and agree exactly); a
+    half-precision model's call casts them at use (``omnirl.models.device.model_autocast``).
     Raises ``ValueError`` for ``LoraConfig`` kwargs PEFT does not accept.
     """
     from peft import LoraConfig

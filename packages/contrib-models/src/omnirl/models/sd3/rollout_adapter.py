@@ -6,6 +6,10 @@ batch (``2 N G`` rows through the transformer with CFG), and each group records 
 window. Seeds: :func:`omnirl.models.base.sample_seeds` ``(sampling.seed, group_id, i)``;
 initial noise from each sample's seed (``same_initial_noise``: from the group's sample 0),
 step noise from ``per_sample_noise(seed, step_index)``.
+
+Backends: ``"diffusers"`` (eager PyTorch, the default and the parity reference) and
+``"compiled"`` (:meth:`SD3RolloutAdapter.compile`: each transformer block compiled, see
+:mod:`omnirl.models.compile`). Both run the same loop and the same float32 scheduler.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from torch import Tensor
 
 from omnirl.models.base import DiffusionRolloutAdapter, WeightFormat, WeightLoadError, sample_seeds
+from omnirl.models.compile import CompileConfig, compile_module, step_begin
 from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.schedulers import (
     FlowMatchSDEScheduler,
@@ -71,6 +76,20 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             self.lora_config = add_lora(self.transformer, lora)
             self.transformer.to(self.device)
         self.transformer.eval()
+        self.backend = "diffusers"
+        self.compile_config: CompileConfig | None = None
+
+    def compile(self, config: CompileConfig) -> list[str]:
+        """Switch to the ``"compiled"`` backend: each transformer block compiled.
+
+        Graphs are built at the first lease of each shape (batch rows, resolution); text
+        length is fixed by the tokenizers. Weight updates copy into the same parameters,
+        so they never recompile; a LoRA adapter created by the first update does, once.
+        """
+        names = compile_module(self.transformer, config)
+        self.compile_config = config
+        self.backend = "compiled"
+        return names
 
     @classmethod
     def from_pretrained(
@@ -195,6 +214,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         for i in range(num_steps):
             stochastic = bool(trained[i]) and sampling.sde_type != "ode"
             noise = per_sample_noise(seeds, i, shape, device=dev) if stochastic else None
+            step_begin(self.compile_config)
             out = sd3_step(
                 self.transformer,
                 self.scheduler,

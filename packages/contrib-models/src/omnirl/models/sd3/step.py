@@ -15,6 +15,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from omnirl.models.device import model_autocast
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
 
 
@@ -88,7 +89,8 @@ def guided_velocity(
     unconditional and conditional rows go through one forward of ``2B`` rows (unconditional
     first, as diffusers does) and combine in float32: ``v_u + s * (v_c - v_u)``.
     ``model_dtype``: the dtype inputs are cast to (default ``transformer.dtype``, which walks
-    the module tree on every call; adapters pass it cached).
+    the module tree on every call; adapters pass it cached). A half-precision model runs
+    under autocast to that dtype (:func:`omnirl.models.device.model_autocast`).
     """
     dtype = model_dtype if model_dtype is not None else transformer.dtype
     if cond.do_cfg:
@@ -98,13 +100,15 @@ def guided_velocity(
         pooled = torch.cat([cond.negative_pooled_prompt_embeds, cond.pooled_prompt_embeds])
     else:
         hidden, t, text, pooled = latents, timesteps, cond.prompt_embeds, cond.pooled_prompt_embeds
-    out = transformer(
-        hidden_states=hidden.to(dtype),
-        timestep=t,
-        encoder_hidden_states=text.to(dtype),
-        pooled_projections=pooled.to(dtype),
-        return_dict=False,
-    )[0].to(torch.float32)
+    with model_autocast(hidden.device.type, dtype):  # half models: LoRA at the model dtype
+        out = transformer(
+            hidden_states=hidden.to(dtype),
+            timestep=t,
+            encoder_hidden_states=text.to(dtype),
+            pooled_projections=pooled.to(dtype),
+            return_dict=False,
+        )[0]
+    out = out.to(torch.float32)
     if not cond.do_cfg:
         return out
     v_uncond, v_cond = out.chunk(2)

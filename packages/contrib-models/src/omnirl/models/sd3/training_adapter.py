@@ -17,6 +17,7 @@ from torch import Tensor
 
 from omnirl.models.base import DiffusionTrainingAdapter, SampleEncoder, WeightFormat
 from omnirl.models.clean_batch import CleanSampleBatch
+from omnirl.models.compile import CompileConfig, compile_module
 from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
 from omnirl.models.sd3.lora import add_lora
@@ -92,6 +93,20 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             gradient_checkpointing=gradient_checkpointing,
             path=path,
         )
+
+    def compile(self, config: CompileConfig) -> list[str]:
+        """Compile each transformer block (forward and backward; see
+        :mod:`omnirl.models.compile`). Works with gradient checkpointing and inside
+        :meth:`reference` (the adapter-disabled forward is one more graph per block variant).
+        CUDA graphs (``mode="reduce-overhead"``) are refused: backward replays would need
+        static inputs for every micro-batch; they are a rollout option.
+        """
+        if config.cudagraphs:
+            raise ValueError(
+                "the training adapter does not run under CUDA graphs (mode='reduce-overhead'); "
+                "use mode=None or 'max-autotune-no-cudagraphs'"
+            )
+        return compile_module(self.transformer, config)
 
     @property
     def weight_format(self) -> WeightFormat:

@@ -1,4 +1,5 @@
-"""ShapesT2I: a small pixel-space text-to-image model for ShapesEval (``ShapesT2IPipeline``).
+"""ShapesT2I: a small text-to-image model for ShapesEval (``ShapesT2IPipeline``), over pixels
+or over the latents of a tiny VAE.
 
 Importing this package registers :class:`ShapesT2IRolloutAdapter` and
 :class:`ShapesT2ITrainingAdapter` (the ``omnirl.models`` entry point ``shapes_t2i``).

@@ -1,9 +1,9 @@
 """ShapesT2I rollout adapter: the SD3 rollout adapter with this family's text encoder and
-pixel-space decoding.
+decoding (pixels, or the tiny VAE of a latent model).
 
 Sampling (schedule, CFG, SDE steps, seeds, recording) is :class:`SD3RolloutAdapter`'s,
 unchanged; only prompt encoding (word tokenizer + small CLIP, negatives from
-``sampling.negative_prompt``) and decoding (clamp and quantise, no VAE) differ.
+``sampling.negative_prompt``) and decoding differ.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.sd3.rollout_adapter import SD3RolloutAdapter
 from omnirl.models.sd3.step import SD3Conditioning
 from omnirl.models.shapes_t2i.encoder import encode_shapes_prompts
-from omnirl.models.shapes_t2i.pipeline import ARCHITECTURE, ShapesT2IPipeline, decode_images
+from omnirl.models.shapes_t2i.pipeline import ARCHITECTURE, ShapesT2IPipeline
 from omnirl.protocol.messages import SamplingParams
 
 
@@ -47,6 +47,8 @@ class ShapesT2IRolloutAdapter(SD3RolloutAdapter):
             self.pipeline, texts, do_cfg=do_cfg, negative_prompt=sampling.negative_prompt
         )
 
+    @torch.no_grad()
     def _decode(self, latents: Tensor) -> Tensor:
-        """Pixel latents float32 ``[B, 3, H, W]`` in [-1, 1] -> uint8 ``[B, H, W, 3]``."""
-        return decode_images(latents)
+        """Latents float32 (pixels ``[B, 3, H, W]`` in [-1, 1], or VAE latents) -> uint8
+        ``[B, H, W, 3]``."""
+        return self.pipeline.latents_to_images(latents)

@@ -16,7 +16,7 @@ from omnirl.models.shapes_t2i.pipeline import ARCHITECTURE
 
 @register_training_adapter(ARCHITECTURE)
 class ShapesT2ITrainingAdapter(SD3TrainingAdapter):
-    """The ShapesT2I pixel-space transformer as a policy over recorded transitions."""
+    """The ShapesT2I transformer as a policy over recorded transitions."""
 
     architecture = ARCHITECTURE
 

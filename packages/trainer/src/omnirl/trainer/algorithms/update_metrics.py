@@ -2,7 +2,9 @@
 
 Per-sample quantities (ratios, clip indicators, importance weights, the rollout / trainer
 log-prob gap) are kept as vectors and reduced once at the end, so ``ratio_std`` is the
-spread over every (sample, trained step) pair, not a mean of micro-batch spreads.
+spread over every (sample, trained step) pair, not a mean of micro-batch spreads. They stay
+on the device they were computed on until :meth:`MetricsAccumulator.summary`, so the
+micro-batch loop never waits for the device.
 """
 
 from __future__ import annotations
@@ -51,19 +53,33 @@ class MetricsAccumulator:
 
     def add_samples(self, per_sample: dict[str, torch.Tensor]) -> None:
         for name, value in per_sample.items():
-            self.samples.setdefault(name, []).append(value.detach().float().reshape(-1).cpu())
+            self.samples.setdefault(name, []).append(value.detach().float().reshape(-1))
 
     def add_parity(self, prox_minus_behav: torch.Tensor) -> None:
-        self.parity.append(prox_minus_behav.detach().float().reshape(-1).cpu())
+        self.parity.append(prox_minus_behav.detach().float().reshape(-1))
 
     def add_update(self, *, grad_norm: float, loss: float, policy_loss: float, kl: float) -> None:
-        self.updates.append(
-            {"grad_norm": grad_norm, "loss": loss, "policy_loss": policy_loss, "kl": kl}
-        )
+        values = {"loss": loss, "policy_loss": policy_loss, "kl": kl}
+        self.updates.append({"grad_norm": grad_norm, **{k: float(v) for k, v in values.items()}})
+
+    def to_cpu(self) -> MetricsAccumulator:
+        """Move the collected vectors to the CPU, one concatenated vector per name."""
+        self.samples = {k: [torch.cat(v).cpu()] for k, v in self.samples.items() if v}
+        self.parity = [torch.cat(self.parity).cpu()] if self.parity else []
+        return self
+
+    def merge(self, others: Sequence[MetricsAccumulator]) -> MetricsAccumulator:
+        """Append the per-sample vectors of ``others`` (other ranks' shares of the same
+        updates); update totals and counts are this accumulator's (already global)."""
+        for other in others:
+            for name, parts in other.samples.items():
+                self.samples.setdefault(name, []).extend(parts)
+            self.parity.extend(other.parity)
+        return self
 
     def _cat(self, name: str) -> torch.Tensor | None:
         parts = self.samples.get(name)
-        return torch.cat(parts) if parts else None
+        return torch.cat([p.cpu() for p in parts]) if parts else None
 
     def summary(self) -> dict[str, float]:
         out = {
@@ -101,7 +117,7 @@ class MetricsAccumulator:
         if weight is not None:
             out["importance_weight_mean"] = float(weight.mean())
         if self.parity:
-            gap = torch.cat(self.parity).abs()
+            gap = torch.cat([p.cpu() for p in self.parity]).abs()
             out["behav_prox_logp_absdiff_mean"] = float(gap.mean())
             out["behav_prox_logp_absdiff_max"] = float(gap.max())
         return out

@@ -218,10 +218,12 @@ def lease_sampling(
     sde_type: str | None = None,
     noise_level: float | None = None,
     sde_window: tuple[int, int] | list[int] | None = None,
+    same_initial_noise: bool | None = None,
 ) -> dict[str, object]:
     """The algorithm-dependent ``SamplingParams`` fields of one lease.
 
-    The config's values (``sampling.sde_type``, ``noise_level``, ``sde_window``) win where set;
+    The config's values (``sampling.sde_type``, ``noise_level``, ``sde_window``,
+    ``same_initial_noise``) win where set;
     otherwise the algorithm's: its SDE variant and noise level (``sampling_defaults``), its
     window policy at optimisation step ``step`` seeded by the lease ``seed``, and its
     ``same_initial_noise``. Returns keyword arguments for ``SamplingParams``.
@@ -238,5 +240,9 @@ def lease_sampling(
         "sde_window": lease_window(
             spec.window_policy, seed=seed, step=step, num_steps=num_steps, configured=sde_window
         ),
-        "same_initial_noise": bool(defaults.get("same_initial_noise", False)),
+        "same_initial_noise": bool(
+            same_initial_noise
+            if same_initial_noise is not None
+            else defaults.get("same_initial_noise", False)
+        ),
     }

@@ -1,0 +1,139 @@
+"""Regional ``torch.compile`` of a denoiser: each repeated block compiled, the rest eager.
+
+A diffusion transformer is a stack of a few block variants (SD3.5-Medium: 24
+``JointTransformerBlock`` of three kinds: with dual attention, without, and the last,
+context-pre-only one). Compiling each block instead of the whole model gives the same
+fused kernels (the element-wise work between matmuls: q/k RMSNorm, adaLN modulate and gate)
+for a fraction of the compile time: one graph per block variant, shape and mode, reused
+by every block of that variant. What stays eager (patch embedding, the timestep MLP, the
+output projection) is a few kernels per forward.
+
+Each block's ``forward`` is replaced by its compiled version, so module hooks (FSDP2's
+all-gathers, gradient checkpointing) run eagerly around it, the module tree and its
+``state_dict`` keys stay as they were, and a LoRA adapter added later is traced on the next
+call (a guard fails, the block recompiles once).
+
+Shapes are static by default (``dynamic=False``): one graph per input shape. A SD3 text
+sequence has a fixed length (CLIP's 77 + ``max_sequence_length`` T5 tokens, padded by the
+tokenizers), so prompt length never changes a shape; batch rows and resolution do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger("omnirl.models.compile")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompileConfig:
+    """How to compile a denoiser.
+
+    ``mode``: ``torch.compile``'s (``None``: default; ``"reduce-overhead"``: CUDA graphs;
+    ``"max-autotune-no-cudagraphs"``: autotuned matmuls, slow to compile). ``backend``:
+    ``"inductor"``; ``"aot_eager"`` or ``"eager"`` trace without generating kernels (tests).
+    ``regional``: compile each repeated block (``False``: the whole module, one graph).
+    ``cache_dir``: persistent compile cache (see :mod:`omnirl.models.compile_cache`).
+    ``recompile_limit``: graphs dynamo keeps per code object before it falls back to eager;
+    every block variant, shape, grad mode and adapter state is one.
+    """
+
+    mode: str | None = None
+    backend: str | Callable = "inductor"
+    dynamic: bool | None = False
+    fullgraph: bool = False
+    regional: bool = True
+    cache_dir: str | None = None
+    recompile_limit: int = 64
+
+    @property
+    def cudagraphs(self) -> bool:
+        return self.mode is not None and "reduce-overhead" in self.mode
+
+    def replace(self, **changes) -> CompileConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The module's repeated blocks, in order.
+
+    Found by class name: the model's ``_repeated_blocks`` (diffusers' regional compilation
+    attribute) or else its ``_no_split_modules`` (the blocks device-map and FSDP split at).
+    Returns ``[]`` when the model names neither.
+    """
+    names = getattr(module, "_repeated_blocks", None) or getattr(module, "_no_split_modules", None)
+    if not names:
+        return []
+    names = set(names)
+    return [m for m in module.modules() if m is not module and type(m).__name__ in names]
+
+
+def configure_dynamo(config: CompileConfig) -> None:
+    """Raise dynamo's per-code-object recompile limit to ``config.recompile_limit``."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    if getattr(cfg, name) < config.recompile_limit:
+        setattr(cfg, name, config.recompile_limit)
+    total = "accumulated_recompile_limit"
+    if not hasattr(cfg, total):
+        total = "accumulated_cache_size_limit"
+    if hasattr(cfg, total) and getattr(cfg, total) < 8 * config.recompile_limit:
+        setattr(cfg, total, 8 * config.recompile_limit)
+
+
+def compile_module(module: torch.nn.Module, config: CompileConfig) -> list[str]:
+    """Compile ``module`` in place as ``config`` says; return the names of compiled modules.
+
+    Regional: every block of :func:`repeated_blocks` gets a compiled ``forward``; a model
+    without named blocks is compiled whole. Idempotent: an already compiled module is left
+    as it is. Compilation itself happens at the first call of each shape.
+    """
+    if config.cache_dir:
+        from omnirl.models.compile_cache import use_cache_dir
+
+        use_cache_dir(config.cache_dir)
+    configure_dynamo(config)
+    targets = repeated_blocks(module) if config.regional else []
+    if not targets:
+        targets = [module]
+    names = {id(m): n for n, m in module.named_modules()}
+    compiled = []
+    for target in targets:
+        if getattr(target, "_omnirl_compiled", False):
+            continue
+        target.forward = torch.compile(
+            target.forward,
+            mode=config.mode,
+            backend=config.backend,
+            dynamic=config.dynamic,
+            fullgraph=config.fullgraph,
+        )
+        target._omnirl_compiled = True
+        compiled.append(names.get(id(target), "") or type(target).__name__)
+    log.info(
+        "compiled %d module(s) (%s, mode %s, backend %s)",
+        len(compiled),
+        "regional" if targets[0] is not module else "whole",
+        config.mode,
+        config.backend,
+    )
+    return compiled
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Whether :func:`compile_module` compiled ``module`` or any of its submodules."""
+    return any(getattr(m, "_omnirl_compiled", False) for m in module.modules())
+
+
+def step_begin(config: CompileConfig | None) -> None:
+    """Mark a new iteration for CUDA graph trees (call once before each model call under
+    ``mode="reduce-overhead"``, so outputs of the previous replay may be overwritten)."""
+    if config is not None and config.cudagraphs:
+        torch.compiler.cudagraph_mark_step_begin()

@@ -1,0 +1,35 @@
+"""Model dtypes by name, and the precision the model call runs at.
+
+The model runs in its dtype (bf16 on a GPU); the scheduler, latents, log-probs and LoRA
+weights stay float32 (``docs/algorithms.md``, "Numerics"). In a half-precision model the
+transformer call runs under :func:`model_autocast`, as flow_grpo's does: the float32 LoRA
+tensors are cast to the model dtype where they are used (their master copies and gradients
+stay float32), so no float32 matmul and no float32 copy of the activations is left on the
+hot path. Rollout and trainer make the call through one function
+(:func:`omnirl.models.sd3.step.guided_velocity`), so both run the same kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16``; raises ``ValueError`` naming the known ones."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; known: {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def model_autocast(device_type: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Autocast to ``dtype`` for a half-precision model on ``device_type``; a no-op for
+    float32 models."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)

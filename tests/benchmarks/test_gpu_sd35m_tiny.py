@@ -1,0 +1,59 @@
+"""``benchmarks/gpu_sd35m.py --tiny`` runs every stage on the CPU and reports each of them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_tiny_run_reports_every_stage(tmp_path):
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_sd35m.py"),
+        "--tiny",
+        "--device",
+        "cpu",
+        "--compile-backend",
+        "aot_eager",
+        "--repeats",
+        "1",
+        "--budget-s",
+        "3000",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["stage"]: r for r in map(json.loads, (tmp_path / "gpu_sd35m.jsonl").open())}
+    errors = {k: v for k, v in rows.items() if k.endswith(("_error", "_skipped"))}
+    assert not errors, errors
+    for stage in (
+        "ceiling",
+        "model",
+        "baseline",
+        "omnirl_rollout_eager",
+        "omnirl_rollout_compiled",
+        "omnirl_train_eager",
+        "omnirl_train_compiled",
+        "omnirl_iteration_kl0",
+        "omnirl_iteration_window2",
+        "omnirl_train_compiled_kl",
+        "omnirl_iteration_same_work",
+        "warm_start",
+        "omnirl_train_compiled_checkpointing",
+    ):
+        assert stage in rows, stage
+    # float32 on a CPU: the compiled rollout and both trainers run the same arithmetic
+    assert rows["omnirl_train_eager"]["parity_max"] < 1e-5
+    assert rows["omnirl_iteration_kl0"]["parity_max"] < 1e-5
+    assert rows["baseline"]["iteration_s_per_image"] > 0
+    assert rows["warm_start"]["process_to_first_group_s"] > 0
+    md = (tmp_path / "gpu_sd35m.md").read_text()
+    assert "| omnirl, kl_beta 0 (no reference pass) | 3 |" in md

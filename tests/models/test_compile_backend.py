@@ -1,0 +1,121 @@
+"""The compiled backend (regional torch.compile) of the SD3 adapters, on the tiny model.
+
+Graphs are traced with the ``aot_eager`` backend (dynamo + AOTAutograd, no code
+generation) so the tests take seconds on a CPU; ``OMNIRL_TEST_DEVICE=cuda`` runs them on a
+GPU. Inductor itself is exercised by ``benchmarks/gpu_sd35m.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from omnirl.models.compile import CompileConfig, compile_module, is_compiled, repeated_blocks
+from omnirl.models.compile_cache import load_artifacts, save_artifacts, use_cache_dir
+from omnirl.models.sd3 import SD3RolloutAdapter, SD3TrainingAdapter
+from omnirl.models.transitions import collate_transitions
+from omnirl.protocol.messages import PromptSpec, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+LORA = {"r": 4, "lora_alpha": 8}
+SAMPLING = SamplingParams(group_size=2, num_steps=3, height=32, width=32, sde_window=(0, 2), seed=3)
+
+
+class CountingBackend:
+    """A dynamo backend that counts the graphs it is handed and runs them as traced."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def _sample(adapter, text: str = "a cat"):
+    prompts = [PromptSpec(group_id="g", text=text)]
+    return adapter.sample(prompts, SAMPLING, lease_id="l", worker_id="w", policy_version=0)
+
+
+@pytest.fixture(scope="module")
+def eager_groups(tiny_sd3_path, test_device):
+    torch.manual_seed(0)
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
+    )
+    return _sample(adapter)
+
+
+def test_repeated_blocks_are_the_transformer_blocks(tiny_sd3_path):
+    from diffusers import SD3Transformer2DModel
+
+    model = SD3Transformer2DModel.from_pretrained(tiny_sd3_path, subfolder="transformer")
+    blocks = repeated_blocks(model)
+    assert blocks == list(model.transformer_blocks)
+    names = compile_module(model, CompileConfig(backend="eager"))
+    assert names == [f"transformer_blocks.{i}" for i in range(len(blocks))]
+    assert is_compiled(model) and compile_module(model, CompileConfig(backend="eager")) == []
+    assert set(model.state_dict()) == set(
+        SD3Transformer2DModel.from_pretrained(tiny_sd3_path, subfolder="transformer").state_dict()
+    )  # the module tree and its keys are unchanged
+
+
+def test_compiled_rollout_matches_eager_and_prompt_length_does_not_recompile(
+    tiny_sd3_path, test_device, eager_groups
+):
+    torch.manual_seed(0)
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
+    )
+    counter = CountingBackend()
+    adapter.compile(CompileConfig(backend=counter))
+    assert adapter.backend == "compiled"
+    groups = _sample(adapter)
+    graphs = counter.graphs
+    assert graphs >= 2  # two block variants (the last block is context-pre-only)
+    torch.testing.assert_close(groups[0].log_probs, eager_groups[0].log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(groups[0].final_latents, eager_groups[0].final_latents)
+    # a much longer prompt: the tokenizers pad / truncate to a fixed length, no new graph
+    _sample(adapter, "a very long prompt " * 20)
+    assert counter.graphs == graphs
+
+
+def test_compiled_trainer_with_checkpointing_matches_eager_log_probs_and_grads(
+    tiny_sd3_path, test_device, eager_groups
+):
+    batch = collate_transitions(eager_groups, 1)
+    grads, logps = [], []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        train = SD3TrainingAdapter.from_pretrained(
+            tiny_sd3_path, device=test_device, lora=LORA, gradient_checkpointing=compiled
+        )
+        with torch.no_grad():
+            for p in train.trainable_parameters():
+                p.add_(0.01)
+        if compiled:
+            train.compile(CompileConfig(backend="aot_eager"))
+        out = train.transition(batch, sde_type="sde")
+        out.log_prob.sum().backward()
+        logps.append(out.log_prob.detach().cpu())
+        grads.append(torch.cat([p.grad.flatten() for p in train.trainable_parameters()]).cpu())
+        with torch.no_grad(), train.reference():  # the adapter-disabled graphs
+            ref = train.transition(batch, sde_type="sde")
+        assert torch.isfinite(ref.prev_sample_mean).all()
+    torch.testing.assert_close(logps[1], logps[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        train.compile(CompileConfig(mode="reduce-overhead"))
+
+
+def test_compile_cache_directory_and_artifacts(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+    path = use_cache_dir(tmp_path / "cache")
+    assert path.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
+    assert not load_artifacts(tmp_path / "missing.bin")  # a cold start, not an error
+    size = save_artifacts(tmp_path / "artifacts.bin")
+    assert size == 0 or (tmp_path / "artifacts.bin").stat().st_size == size
+    (tmp_path / "junk.bin").write_bytes(b"not a cache")
+    assert not load_artifacts(tmp_path / "junk.bin")

@@ -1,0 +1,127 @@
+"""GPU-path options of the trainer: work the config makes unnecessary is skipped, model
+options are read from ``train``, data-parallel shares line up, rollout warm-up shapes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import msgspec
+import pytest
+import torch
+
+from omnirl.models.compile import is_compiled
+from omnirl.models.registry import get_rollout_adapter, get_training_adapter
+from omnirl.protocol.messages import PromptSpec, Rewards, SamplingParams, Topology, Welcome
+from omnirl.rollout.model import warmup_lease
+from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator
+from omnirl.trainer.backend import AdapterBackend, train_step_config
+from omnirl.trainer.config import load_config
+from omnirl.trainer.distributed import resolve_mode, split_rows
+from omnirl.trainer.step import TrainStep
+
+ARCH = "StableDiffusion3Pipeline"
+DEVICE = os.environ.get("OMNIRL_TEST_DEVICE", "cpu")  # as tests/conftest.py's test_device
+LORA = {"r": 4, "lora_alpha": 4}
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_sd3_path):
+    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path, device=DEVICE)
+    sampling = SamplingParams(
+        group_size=2, num_steps=3, guidance_scale=1.0, height=32, width=32, sde_window=(0, 2)
+    )
+    prompts = [PromptSpec(group_id=f"g{i}", text=f"thing {i}") for i in range(2)]
+    out = rollout.sample(prompts, sampling, lease_id="l", worker_id="w", policy_version=0)
+    return [
+        msgspec.structs.replace(g, rewards=Rewards(group_id=g.group_id, total=[0.0, float(i + 1)]))
+        for i, g in enumerate(out)
+    ]
+
+
+@pytest.mark.parametrize(("kl_beta", "reference_passes"), [(0.0, 0), (0.1, 4)])
+def test_reference_pass_only_with_a_kl_term(
+    tiny_sd3_path, groups, torch_one_thread, kl_beta, reference_passes
+):
+    adapter = get_training_adapter(ARCH, "flow_grpo").from_pretrained(
+        tiny_sd3_path, device=DEVICE, lora=LORA
+    )
+    entered = []
+    reference = adapter.reference
+
+    @contextlib.contextmanager
+    def counting():
+        entered.append(1)
+        with reference():
+            yield
+
+    adapter.reference = counting
+    config = TrainStep.Config(lr=1e-3, kl_beta=kl_beta, micro_batch_size=2)
+    TrainStep(adapter, "flow_grpo", config).step(groups, policy_version=0)
+    assert len(entered) == reference_passes  # 2 window steps x 2 micro-batches
+
+
+def test_model_options_are_read_from_train_and_not_passed_to_the_step(tiny_sd3_path, tmp_path):
+    overrides = [
+        f"model.path={tiny_sd3_path}",
+        f"data.prompts={tmp_path / 'p.jsonl'}",
+        "train.gradient_checkpointing=true",
+        "train.compile=true",
+        f"train.compile_cache={tmp_path / 'cache'}",
+        "train.kl_beta=0.01",
+    ]
+    cfg = load_config(None, overrides)
+    assert train_step_config(cfg).kl_beta == 0.01
+    backend = AdapterBackend(cfg)
+    transformer = backend.adapter.transformer
+    assert transformer.is_gradient_checkpointing and is_compiled(transformer)
+    assert (tmp_path / "cache").is_dir()
+    plain = AdapterBackend(load_config(None, overrides[:2]))
+    assert not plain.adapter.transformer.is_gradient_checkpointing
+    assert not is_compiled(plain.adapter.transformer)
+
+
+@pytest.mark.parametrize(("rows", "chunk", "world"), [(5, 1, 2), (7, 2, 3), (1, 4, 2), (8, 4, 1)])
+def test_data_parallel_shares_line_up(rows, chunk, world):
+    all_rows = torch.arange(10, 10 + rows)
+    shares = [split_rows(all_rows, chunk, rank=r, world_size=world) for r in range(world)]
+    assert len({len(s) for s in shares}) == 1  # the same number of micro-batches everywhere
+    assert all(len(m) <= chunk for s in shares for m in s)
+    assert torch.equal(torch.cat([m for s in shares for m in s]), all_rows)
+    if world == 1:
+        assert [m.tolist() for m in shares[0]] == [m.tolist() for m in all_rows.split(chunk)]
+
+
+def test_data_parallel_mode_resolution():
+    assert resolve_mode("auto", world_size=1, lora=True) == "none"
+    assert resolve_mode("auto", world_size=4, lora=True) == "ddp"
+    assert resolve_mode("auto", world_size=4, lora=False) == "fsdp"
+    assert resolve_mode("fsdp", world_size=1, lora=True) == "fsdp"
+    with pytest.raises(ValueError, match="known"):
+        resolve_mode("zero3", world_size=2, lora=True)
+
+
+def test_metrics_merge_covers_every_rank():
+    a, b = MetricsAccumulator(), MetricsAccumulator()
+    a.add_samples({"ratio": torch.tensor([1.0, 1.0])})
+    b.add_samples({"ratio": torch.tensor([3.0])})
+    a.add_parity(torch.tensor([1e-6]))
+    b.add_parity(torch.tensor([-4e-6]))
+    a.add_update(grad_norm=1.0, loss=torch.tensor(0.5), policy_loss=0.5, kl=0.0)
+    summary = a.to_cpu().merge([b.to_cpu()]).summary()
+    assert summary["ratio_mean"] == pytest.approx(5 / 3)
+    assert summary["behav_prox_logp_absdiff_max"] == pytest.approx(4e-6)
+    assert summary["loss"] == 0.5
+
+
+def test_rollout_warmup_lease_has_the_runs_shapes():
+    topology = Topology(control="c", intake="i", weights="w")
+    config = {
+        "sampling": {"num_steps": 7, "height": 64, "width": 48, "guidance_scale": 3.0},
+        "data": {"group_size": 4, "prompts_per_lease": 3},
+    }
+    welcome = Welcome(worker_id="w", run_id="r", topology=topology, policy_version=0, config=config)
+    prompts, sampling = warmup_lease(welcome, capacity=2)
+    assert len(prompts) == 2 and sampling.group_size == 4
+    assert (sampling.num_steps, sampling.height, sampling.width) == (7, 64, 48)
+    assert sampling.guidance_scale == 3.0
