@@ -3,8 +3,11 @@ modes.
 
 Prompts: the word tokenizer and the small CLIP text encoder (negatives from the negative
 prompt when CFG is on), :func:`encode_shapes_prompts`, which the rollout adapter calls too.
-Images: pixel space, so encoding is exact: :func:`~omnirl.models.shapes_t2i.pipeline.encode_images`
-maps uint8 to ``[-1, 1]`` and the rollout's ``decode_images`` maps it back bit for bit.
+Images: :meth:`~omnirl.models.shapes_t2i.pipeline.ShapesT2IPipeline.images_to_latents`, the
+inverse of the ``latents_to_images`` the rollout adapter decodes with. A pixel model's encoding
+is exact (uint8 to ``[-1, 1]``, decoded back bit for bit); a latent model's is its tiny VAE's
+posterior mean with the pipeline's scaling, ``(z - shift_factor) * scaling_factor``, decoded
+back up to the autoencoder's error.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch import Tensor
 
 from omnirl.models.sd3.encoder import SD3SampleEncoder
 from omnirl.models.sd3.step import SD3Conditioning
-from omnirl.models.shapes_t2i.pipeline import ARCHITECTURE, ShapesT2IPipeline, encode_images
+from omnirl.models.shapes_t2i.pipeline import ARCHITECTURE, ShapesT2IPipeline
 
 
 @torch.no_grad()
@@ -33,7 +36,8 @@ def encode_shapes_prompts(
 
 
 class ShapesT2ISampleEncoder(SD3SampleEncoder):
-    """The tokenizer and text encoder of a ShapesT2I folder (no transformer, no VAE)."""
+    """The tokenizer, text encoder and (latent models) VAE of a ShapesT2I folder; no
+    transformer."""
 
     @classmethod
     def from_pretrained(
@@ -43,6 +47,7 @@ class ShapesT2ISampleEncoder(SD3SampleEncoder):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,  # unused: the text encoder stays float32
     ) -> ShapesT2ISampleEncoder:
+        from diffusers import AutoencoderKL
         from transformers import CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
         path = Path(path)
@@ -52,11 +57,16 @@ class ShapesT2ISampleEncoder(SD3SampleEncoder):
         text_encoder = CLIPTextModelWithProjection.from_pretrained(
             path / "text_encoder", dtype=torch.float32
         )
+        vae = None
+        if index.get("vae"):  # float32, as the rollout adapter's pipeline loads it
+            vae = AutoencoderKL.from_pretrained(path, subfolder="vae", dtype=torch.float32)
+            vae.requires_grad_(False).eval().to(device)
         pipeline = ShapesT2IPipeline(
             transformer=None,
             scheduler=None,
             text_encoder=text_encoder.to(device).eval(),
             tokenizer=PreTrainedTokenizerFast.from_pretrained(path / "tokenizer"),
+            vae=vae,
         )
         return cls(pipeline, device=device)
 
@@ -67,4 +77,4 @@ class ShapesT2ISampleEncoder(SD3SampleEncoder):
 
     @torch.no_grad()
     def encode_images(self, images: Tensor) -> Tensor:
-        return encode_images(images.cpu())
+        return self.pipeline.images_to_latents(images.cpu()).to(torch.float32).cpu()

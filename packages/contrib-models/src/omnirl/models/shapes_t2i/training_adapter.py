@@ -2,8 +2,9 @@
 
 A ShapesT2I folder keeps the transformer and the scheduler where SD3 keeps them
 (``transformer/``, ``scheduler/``), and the trainer needs nothing else (embeddings arrive
-with the trajectories), so loading, LoRA, transitions, reference and export are SD3's; only the sample encoder
-(prompts through the small CLIP, images as pixels) is this family's own.
+with the trajectories), so loading, LoRA, transitions, reference and export are SD3's; only the
+sample encoder (prompts through the small CLIP, images as pixels or through the tiny VAE) is
+this family's own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ class ShapesT2ITrainingAdapter(SD3TrainingAdapter):
     architecture = ARCHITECTURE
 
     def sample_encoder(self) -> SampleEncoder:
-        """The folder's tokenizer and text encoder; images are pixels (no VAE)."""
+        """The folder's tokenizer and text encoder, and its VAE for a latent model (images
+        become that model's latents; a pixel model's are the pixels)."""
         from omnirl.models.shapes_t2i.encoder import ShapesT2ISampleEncoder
 
         if self.path is None:
