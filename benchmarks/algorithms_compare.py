@@ -67,8 +67,10 @@ ALGORITHMS = (
 OVERRIDES: dict[str, list[str]] = {
     "flow_grpo_fast": ["sampling.sde_window=null"],  # random window, size 2 in [0, 5)
     "mix_grpo": ["sampling.sde_window=null"],  # progressive window, size 4, +1 every 25 steps
-    "diffusion_nft": ["sampling.sde_window=null"],
-    "diffusion_dpo": ["sampling.sde_window=null"],
+    # ODE samplers: a group's samples differ only by their x_T, so the shapes config's shared
+    # x_T (sampling.same_initial_noise) would make them identical; null = the algorithm's own
+    "diffusion_nft": ["sampling.sde_window=null", "sampling.same_initial_noise=null"],
+    "diffusion_dpo": ["sampling.sde_window=null", "sampling.same_initial_noise=null"],
 }
 
 

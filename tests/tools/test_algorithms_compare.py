@@ -74,8 +74,9 @@ def test_no_run_report_writes_png_table_and_the_marked_section(bench, tmp_path, 
     )
     monkeypatch.setattr(bench, "DOC", doc)
     monkeypatch.setattr(bench, "DOC_PNG", tmp_path / "images" / "algorithms_compare.png")
+    # the table's numbers assume 8 groups a step, whatever the example config says
     argv = ["--no-run", "--out", str(out), "--algorithms", "flow_grpo,diffusion_nft", "--write",
-            "--smooth-groups", "16"]  # fmt: skip
+            "--smooth-groups", "16", "--set", "*:train.groups_per_step=8"]  # fmt: skip
     assert bench.main(argv) == 0
     page = doc.read_text()
     assert "old" not in page and page.endswith("<!-- algorithms_compare:end -->\ntail\n")
@@ -112,6 +113,12 @@ def test_launch_command_and_overrides(bench, tmp_path, monkeypatch):
     assert cmd[-2:] == ["--address-timeout", "600"]
     assert {"algorithm.name=mix_grpo", "max_minutes=2", "sampling.sde_window=null",
             "train.lr=1e-4", f"run.output_dir={tmp_path / 'mix_grpo'}"} <= set(cmd)  # fmt: skip
+    # ODE samplers: distinct x_T per sample, whatever the config's same_initial_noise
+    for algo in ("diffusion_nft", "diffusion_dpo"):
+        code, _ = bench.run_one(algo, bench.parse_args(["--out", str(tmp_path / "ode")]))
+        assert code == 0 and "sampling.same_initial_noise=null" in seen["cmd"]
+        cfg = bench.run_config(algo, bench.parse_args(["--out", str(tmp_path / "ode")]))
+        assert cfg["sampling"]["same_initial_noise"] is None
     with pytest.raises(SystemExit):
         bench.parse_args(["--algorithms", "nope"])
     (tmp_path / "foreign").mkdir()
