@@ -45,3 +45,27 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes_path(tmp_path_factory):
+    """A tiny random ShapesT2IPipeline folder (preset ``tiny``, the whole ShapesEval
+    vocabulary), built once per test session."""
+    from omnirl.models.shapes_t2i import PRESETS, build_pipeline
+    from omnirl.tools.pretrain_shapes import shapes_vocabulary
+
+    pipe = build_pipeline(shapes_vocabulary(), PRESETS["tiny"], seed=0)
+    return pipe.save_pretrained(tmp_path_factory.mktemp("tiny_shapes") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes_latent_path(tmp_path_factory):
+    """A tiny random latent ShapesT2IPipeline folder (preset ``tiny_latent``: a 4x8x8 VAE
+    latent, f = 4), built once per test session. The VAE's latent scaling is set away from
+    (1, 0), as a trained one's would be, so that tests see it applied and undone."""
+    from omnirl.models.shapes_t2i import PRESETS, build_pipeline
+    from omnirl.tools.pretrain_shapes import shapes_vocabulary
+
+    pipe = build_pipeline(shapes_vocabulary(), PRESETS["tiny_latent"], seed=0)
+    pipe.vae.register_to_config(scaling_factor=1.7, shift_factor=0.1)
+    return pipe.save_pretrained(tmp_path_factory.mktemp("tiny_shapes_latent") / "model")

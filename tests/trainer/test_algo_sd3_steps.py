@@ -1,10 +1,10 @@
-"""One TrainStep of each new algorithm on the tiny SD3: it runs, moves the LoRA weights, and
-treats a stale group as docs/algorithms.md says (behaviour weight, no clip / mask from
+"""One TrainStep of each log-prob algorithm on the tiny SD3: it runs, moves the LoRA weights,
+and treats a stale group as docs/algorithms.md says (behaviour weight, no clip / mask from
 staleness, the recorded window still trained).
 
 Sizes are the smallest that exercise everything: 2 groups x 2 samples, 3 steps, 32x32.
-The Fast / MixGRPO / Guard / DPPO batch mixes two windows ((0, 2) and (1, 3)), as leases
-with their own windows produce.
+The FlowGRPO (sde and cps) / Fast / MixGRPO / Guard / DPPO batches mix two windows ((0, 2)
+and (1, 3)), as leases with their own windows produce.
 """
 
 import math
@@ -44,6 +44,10 @@ def groups(tiny_sd3_path):
             _sample(rollout, "flow_grpo_fast", (0, 2), 0, [0.0, 1.0]),
             _sample(rollout, "flow_grpo_fast", (1, 3), 1, [2.0, 0.0]),
         ],
+        "cps": [
+            _sample(rollout, "flow_grpo_cps", (0, 2), 0, [0.0, 1.0]),
+            _sample(rollout, "flow_grpo_cps", (1, 3), 1, [2.0, 0.0]),
+        ],
         "dance_sde": [
             _sample(rollout, "dance_grpo", None, 0, [0.0, 1.0]),
             _sample(rollout, "dance_grpo", None, 1, [2.0, 0.0]),
@@ -60,6 +64,8 @@ def _lora(adapter):
 @pytest.mark.parametrize(
     ("algorithm", "sde_type", "trained"),
     [
+        ("flow_grpo", "sde", 2),
+        ("flow_grpo_cps", "cps", 2),
         ("flow_grpo_fast", "sde", 2),
         ("mix_grpo", "sde", 2),
         ("grpo_guard", "sde", 2),
@@ -71,7 +77,7 @@ def test_one_step_moves_lora_and_a_stale_group_is_weighted_not_clipped(
     tiny_sd3_path, groups, torch_one_thread, algorithm, sde_type, trained
 ):
     batch = groups[sde_type]
-    if sde_type == "sde":
+    if sde_type != "dance_sde":
         assert [g.step_indices.tolist() for g in batch] == [[0, 1], [1, 2]]
     else:
         assert all(g.sampling.same_initial_noise for g in batch)

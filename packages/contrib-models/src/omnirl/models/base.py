@@ -108,6 +108,31 @@ class DiffusionRolloutAdapter(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no compiled backend")
 
 
+class SampleEncoder(abc.ABC):
+    """Turns prompts and finished images into what a trajectory group carries.
+
+    The trainer's offline modes (a preference file of images) need the conditioning and the
+    clean latents ``x0`` that a rollout of the family would have recorded; the training
+    adapter holds neither text encoders nor an image encoder, so it hands out one of these
+    (:meth:`DiffusionTrainingAdapter.sample_encoder`). Prompt encoding must be the rollout
+    adapter's own, byte for byte (DESIGN.md, "Numerics").
+    """
+
+    @abc.abstractmethod
+    def encode_prompts(
+        self, texts: list[str], *, guidance_scale: float, negative_prompt: str = ""
+    ) -> list[dict[str, Tensor]]:
+        """Per text, its group's conditioning fields as the rollout records them
+        (``prompt_embeds [L, D]``, ``pooled_prompt_embeds [D']``, and the negatives when
+        ``guidance_scale > 1``); CPU tensors."""
+
+    @abc.abstractmethod
+    def encode_images(self, images: Tensor) -> Tensor:
+        """uint8 images ``[B, H, W, 3]`` -> clean latents float32 ``[B, C, h, w]`` (CPU), the
+        inverse of the rollout's decoding (exact in pixel space; up to the autoencoder's
+        error with a VAE)."""
+
+
 class DiffusionTrainingAdapter(abc.ABC):
     """Holds the trainable module and recomputes the distribution of recorded transitions."""
 
@@ -178,6 +203,13 @@ class DiffusionTrainingAdapter(abc.ABC):
         """The rollout's sampling schedule ``sigmas`` float32 ``[T]`` (no terminal 0)."""
         raise NotImplementedError(
             f"{type(self).__name__} has no sampling_sigmas(); forward-process objectives need it"
+        )
+
+    def sample_encoder(self) -> SampleEncoder:
+        """A :class:`SampleEncoder` of this model (loads its text and image encoders; the
+        trainer's offline preference mode needs it)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no sample_encoder(); offline preference training needs it"
         )
 
     def compile(self, config: CompileConfig) -> list[str]:

@@ -1,4 +1,5 @@
-"""``uv run trainer --config FILE [key=value ...] [--resume] [--record DIR] [--replay DIR]``.
+"""``uv run trainer --config FILE [key=value ...] [--resume] [--record DIR] [--replay DIR]
+[--preferences FILE [--epochs N]]``.
 
 Argument parsing imports nothing heavy; torch, diffusers and the model stack are imported
 inside :func:`main` after the arguments are understood, so ``--help`` is instant.
@@ -43,6 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="train from the recording in DIR instead of workers (see docs/recording.md)",
     )
     p.add_argument(
+        "--preferences",
+        metavar="FILE",
+        default=None,
+        help="train diffusion_dpo offline from a preference file of (prompt, chosen, rejected) "
+        "images, no workers (see docs/algorithms.md); data.prompts defaults to FILE",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="with --preferences: passes over the file before the run stops (default 1)",
+    )
+    p.add_argument(
         "--admit-unleased",
         action="store_true",
         help="train on intake groups this run did not lease (to be fed by `uv run replay`)",
@@ -57,13 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.preferences is not None and (args.replay is not None or args.admit_unleased):
+        parser.error("--preferences cannot be combined with --replay or --admit-unleased")
     from omegaconf import OmegaConf
 
     from omnirl.trainer.config import ConfigError, load_config
 
+    overrides = list(args.overrides)
+    if args.preferences is not None:  # the pairs' prompts: data.prompts is not read, but required
+        overrides.insert(0, f"data.prompts={args.preferences}")
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, overrides)
     except ConfigError as err:
         print(f"trainer: config error: {err}", file=sys.stderr)
         return 2
@@ -83,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(cfg.run.threads)
     from omnirl.trainer.backend import AdapterBackend
+    from omnirl.trainer.data import DataError
     from omnirl.trainer.server import TrainerServer
 
     if args.replay is not None and not os.path.isdir(args.replay):
@@ -99,7 +120,18 @@ def main(argv: list[str] | None = None) -> int:
             from omnirl.protocol.recording import RecordingWriter
 
             recorder = RecordingWriter(args.record)
-        if args.replay is not None or args.admit_unleased:
+        if args.preferences is not None:
+            from omnirl.trainer.offline import PreferenceTrainerServer
+
+            server = PreferenceTrainerServer(
+                cfg,
+                backend,
+                resume=args.resume,
+                intake_tap=recorder,
+                preferences=args.preferences,
+                epochs=args.epochs,
+            )
+        elif args.replay is not None or args.admit_unleased:
             from omnirl.trainer.replay import ReplayTrainerServer
 
             server = ReplayTrainerServer(
@@ -109,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             server = TrainerServer(cfg, backend, resume=args.resume, intake_tap=recorder)
     except ConfigError as err:
         print(f"trainer: config error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"trainer: data error: {err}", file=sys.stderr)
         return 2
     except Exception:
         log.exception("trainer: cannot set up the run")

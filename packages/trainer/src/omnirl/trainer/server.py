@@ -80,9 +80,12 @@ class TrainerServer(FleetControl):
         resume: bool = False,
         context: zmq.Context | None = None,
         intake_tap: Callable[[list[Any]], None] | None = None,
+        prompts: Any | None = None,
     ):
         """``intake_tap(frames)`` sees every raw intake message before it is decoded (the
-        hook a recorder attaches to); an exception in it is logged, never fatal."""
+        hook a recorder attaches to); an exception in it is logged, never fatal. ``prompts``
+        replaces the prompt source of ``data.prompts`` (same ``next`` / ``state_dict`` /
+        ``load_state_dict``; the offline preference mode passes its pairs)."""
         self.cfg = cfg
         self.intake_tap = intake_tap
         self.backend = backend
@@ -96,7 +99,7 @@ class TrainerServer(FleetControl):
             max_reissues=rt.max_reissues,
             run_id=self.run_id,
         )
-        self.prompts = PromptSource.from_config(cfg.data)
+        self.prompts = prompts if prompts is not None else PromptSource.from_config(cfg.data)
         self.intake = Intake(self.ledger, max_bytes=rt.max_message_bytes)
         self.publisher = WeightPublisher(
             chunk_bytes=rt.weight_chunk_bytes,

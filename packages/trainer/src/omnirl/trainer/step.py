@@ -444,7 +444,13 @@ class TrainStep:
             # Weight so the gradient is that of the mean over every (sample, step) pair of
             # the update (all ranks' rows: ``rows`` is the whole update's).
             weight = len(micro) / (len(rows) * num_k)
-            (res.loss * (weight * grad_scale)).backward()
+            # A deterministic step (step_std 0: cps into sigma 0, noise level 0) has a
+            # constant log-prob: its term is a constant, with nothing to backpropagate.
+            if res.loss.requires_grad:
+                (res.loss * (weight * grad_scale)).backward()
+            elif par is not None and out.prev_sample_mean.requires_grad:
+                # still one backward, of zero, so FSDP's hooks and collectives stay in step
+                (out.prev_sample_mean.sum() * 0.0).backward()
             totals += torch.stack([res.loss.detach(), res.policy_loss, res.kl]).double() * weight
             acc.add_samples(res.per_sample)
             if first_epoch:

@@ -31,6 +31,7 @@ from omnirl.models.schedulers import (
     per_sample_noise,
     window_mask,
 )
+from omnirl.models.sd3.encoder import default_max_sequence_length, encode_sd3_prompts, vae_decode
 from omnirl.models.sd3.lora import add_lora
 from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
 from omnirl.models.weights import apply_named_tensors, full_targets, lora_targets
@@ -69,10 +70,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.model_dtype = self.transformer.dtype
         self.device = torch.device(device)
         self.scheduler = FlowMatchSDEScheduler.from_config(pipeline.scheduler.config)
-        if max_sequence_length is None:  # the pipeline's 256, or less if T5's tokenizer is shorter
-            t5 = getattr(pipeline, "tokenizer_3", None)
-            max_sequence_length = min(256, t5.model_max_length) if t5 is not None else 256
-        self.max_sequence_length = max_sequence_length
+        self.max_sequence_length = max_sequence_length or default_max_sequence_length(pipeline)
         self.lora_config: dict[str, Any] | None = None
         if lora is not None:
             self.lora_config = add_lora(self.transformer, lora)
@@ -159,19 +157,14 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         return sampling.height // f, sampling.width // f
 
     def _encode(self, texts: list[str], sampling: SamplingParams, do_cfg: bool) -> SD3Conditioning:
-        pe, npe, pooled, npooled = self.pipeline.encode_prompt(
-            prompt=texts,
-            prompt_2=None,
-            prompt_3=None,
+        return encode_sd3_prompts(
+            self.pipeline,
+            texts,
             device=self.device,
-            num_images_per_prompt=1,
-            do_classifier_free_guidance=do_cfg,
-            negative_prompt=[sampling.negative_prompt] * len(texts) if do_cfg else None,
+            do_cfg=do_cfg,
+            negative_prompt=sampling.negative_prompt,
             max_sequence_length=self.max_sequence_length,
         )
-        if not do_cfg:
-            npe = npooled = None
-        return SD3Conditioning(pe, pooled, npe, npooled)
 
     @torch.no_grad()
     def sample(
@@ -293,11 +286,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
 
     def _decode(self, latents: Tensor) -> Tensor:
         """VAE-decode float32 latents ``[B, C, h, w]`` to uint8 images ``[B, H, W, 3]``."""
-        vae = self.pipeline.vae
-        z = latents / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
-        image = vae.decode(z.to(vae.dtype), return_dict=False)[0].to(torch.float32)
-        image = ((image / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
-        return image.permute(0, 2, 3, 1).contiguous().cpu()
+        return vae_decode(self.pipeline.vae, latents)
 
 
 def _row(t: Tensor | None, j: int) -> Tensor | None:

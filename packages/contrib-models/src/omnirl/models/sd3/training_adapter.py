@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from omnirl.models.base import DiffusionTrainingAdapter, WeightFormat
+from omnirl.models.base import DiffusionTrainingAdapter, SampleEncoder, WeightFormat
 from omnirl.models.clean_batch import CleanSampleBatch
 from omnirl.models.compile import CompileConfig, compile_module
 from omnirl.models.registry import register_training_adapter
@@ -191,6 +191,16 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             self.scheduler, num_steps, latent_hw, self.transformer.config.patch_size, "cpu"
         )
         return sigmas[:-1].clone()
+
+    def sample_encoder(self) -> SampleEncoder:
+        """The folder's text encoders and VAE (:class:`SD3SampleEncoder`), on this device."""
+        from omnirl.models.sd3.encoder import SD3SampleEncoder
+
+        if self.path is None:
+            raise RuntimeError("sample_encoder() needs the model path (from_pretrained)")
+        return SD3SampleEncoder.from_pretrained(
+            self.path, device=self.device, dtype=self.model_dtype
+        )
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:

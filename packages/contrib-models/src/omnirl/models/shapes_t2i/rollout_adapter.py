@@ -17,6 +17,7 @@ from torch import Tensor
 from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.sd3.rollout_adapter import SD3RolloutAdapter
 from omnirl.models.sd3.step import SD3Conditioning
+from omnirl.models.shapes_t2i.encoder import encode_shapes_prompts
 from omnirl.models.shapes_t2i.pipeline import ARCHITECTURE, ShapesT2IPipeline
 from omnirl.protocol.messages import SamplingParams
 
@@ -41,13 +42,10 @@ class ShapesT2IRolloutAdapter(SD3RolloutAdapter):
         pipe.text_encoder.eval()
         return cls(pipe, device=device, lora=lora, max_sequence_length=max_sequence_length)
 
-    @torch.no_grad()
     def _encode(self, texts: list[str], sampling: SamplingParams, do_cfg: bool) -> SD3Conditioning:
-        pe, pooled = self.pipeline.encode(texts)
-        if not do_cfg:
-            return SD3Conditioning(pe, pooled)
-        npe, npooled = self.pipeline.encode([sampling.negative_prompt] * len(texts))
-        return SD3Conditioning(pe, pooled, npe, npooled)
+        return encode_shapes_prompts(
+            self.pipeline, texts, do_cfg=do_cfg, negative_prompt=sampling.negative_prompt
+        )
 
     @torch.no_grad()
     def _decode(self, latents: Tensor) -> Tensor:
