@@ -34,8 +34,9 @@ the receiver add the adapter from ``adapter_config``, then the timed LoRA pushes
 the trainer process within this box's memory the full source tensors are contiguous views
 into one 512 MiB pool of random bf16 (at rotating offsets, so the publisher's copy reads
 from memory, not cache); the publisher still copies, hashes and encodes every byte.
-Reported per version: ``prepare_s`` (the publisher's copy + sha256 + encode with the finite
-check), ``received_s`` (publish start to the receiver holding the whole verified version),
+Reported per version: ``prepare_s`` (the publisher's copy + sha256 + encode; a
+``WeightUpdate`` has no ``finite_fields``, so the wire checks no weight for NaN / inf: only
+``load_weights`` does), ``received_s`` (publish start to the receiver holding the whole verified version),
 ``applied_s`` (publish start to ``load_weights`` returned) and GB/s = bytes / applied_s.
 On a GPU trainer ``export_weights`` adds the device-to-host copy before this, and a GPU
 rollout worker's ``load_weights`` copies host-to-device.
