@@ -142,3 +142,15 @@ def test_publisher_pushes_fresh_copies_to_peers_and_answers_late_joiners():
         for s in (*dealers, router):
             s.close(linger=0)
         ctx.term()
+
+
+def test_publisher_refuses_non_finite_weights_and_keeps_the_last_good_version():
+    from omnirl.protocol.errors import NonFiniteValue
+
+    pub = WeightPublisher(chunk_bytes=1 << 10, format="lora", adapter_config={"r": 2})
+    pub.prepare(1, {"a.lora_A.weight": torch.ones(4, 4)})
+    bad = torch.ones(4, 4)
+    bad[1, 2] = float("nan")
+    with pytest.raises(NonFiniteValue, match=r"weights\[b.lora_B.weight\].*1 of 16"):
+        pub.prepare(2, {"a.lora_A.weight": torch.ones(4, 4), "b.lora_B.weight": bad})
+    assert pub.version == 1 and pub.num_chunks >= 1

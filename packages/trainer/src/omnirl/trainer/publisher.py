@@ -55,11 +55,19 @@ class WeightPublisher:
         self.last_prepare_s = 0.0
 
     def prepare(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        """Make ``version`` the latest: copy, chunk, checksum and encode it once."""
+        """Make ``version`` the latest: copy, chunk, checksum and encode it once.
+
+        Raises :class:`~omnirl.protocol.errors.NonFiniteValue` (naming the tensor) if a
+        weight holds NaN or inf; the latest good version stays published.
+        """
         from omnirl.protocol.codec import encode
+        from omnirl.protocol.tensors import check_tensor_finite
 
         t0 = time.perf_counter()
         fresh = export_for_wire(tensors)
+        # once here, not per receiver: WeightUpdate's chunks carry no finite-checked field
+        for name, t in fresh.items():
+            check_tensor_finite(t, field=f"weights[{name}]")
         chunks = split_update(
             version,
             self.format,
@@ -67,7 +75,6 @@ class WeightPublisher:
             chunk_bytes=self.chunk_bytes,
             adapter_config=self.adapter_config if self.format == "lora" else None,
         )
-        # tensors are checked for NaN / inf once here, not per receiver
         self._frames = [encode(c) for c in chunks]
         self.version = version
         self.num_chunks = len(chunks)

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.codec import decode, encode
-from omnirl.protocol.errors import ProtocolError
+from omnirl.protocol.errors import NonFiniteValue, ProtocolError
 from omnirl.protocol.messages import (
     Message,
     Refusal,
@@ -117,8 +117,9 @@ class TrainerServer(FleetControl):
         self._stop_requested = False
         self._stop_reason = "stop requested"
         self._started = time.monotonic()
+        self._diverged = False  # a step made the policy non-finite: no final checkpoint
         self._failures_in_a_row = 0
-        self.exit_code = 0  # 1 when the run had to stop on repeated step failures
+        self.exit_code = 0  # 1: stopped on repeated step failures or a non-finite policy
         self._ctx = context or zmq.Context.instance()
         self.addresses: dict[str, str] = {}
         self.output_dir = Path(cfg.run.output_dir)
@@ -234,7 +235,8 @@ class TrainerServer(FleetControl):
                     self._begin_shutdown()
                 if self._shutdown_at is not None and time.monotonic() >= self._shutdown_at:
                     break
-            self._checkpoint(final=True)
+            if not self._diverged:
+                self._checkpoint(final=True)
             log.info(
                 "trainer done: %d steps, version %d; %s",
                 self.step,
@@ -344,7 +346,18 @@ class TrainerServer(FleetControl):
         self.step += 1
         self.version += 1
         t0 = time.perf_counter()
-        pushed = self.publisher.publish(self.weights, self.version, self.backend.export_weights())
+        try:
+            pushed = self.publisher.publish(
+                self.weights, self.version, self.backend.export_weights()
+            )
+        except NonFiniteValue as err:
+            # the policy itself diverged: nothing later can recover it, so stop cleanly with
+            # the last good version still published, its checkpoint the latest
+            log.error("step %d made the policy non-finite (%s); stopping", self.step, err)
+            self._diverged = True
+            self.exit_code = 1
+            self.request_stop()
+            return
         rewards = [r for g in batch for r in g.rewards.total]
         components: dict[str, list[float]] = {}
         for g in batch:
