@@ -54,3 +54,17 @@ def test_example_config_loads():
     cfg = load_config("examples/tiny_sd3_jpeg.yaml", ["runtime.control_port=0"])
     assert cfg.runtime.control_port == 0
     assert cfg.model.lora.r == 4
+
+
+def test_shared_initial_noise_with_an_ode_sampler_is_refused():
+    shapes = "examples/shapes_flow_grpo.yaml"  # same_initial_noise: true
+    assert load_config(shapes).sampling.same_initial_noise is True
+    for algorithm in ("diffusion_nft", "diffusion_dpo"):
+        with pytest.raises(ConfigError, match="same_initial_noise.*identical"):
+            load_config(shapes, [f"algorithm.name={algorithm}"])
+        fixed = load_config(
+            shapes, [f"algorithm.name={algorithm}", "sampling.same_initial_noise=null"]
+        )
+        assert fixed.sampling.same_initial_noise is None
+    with pytest.raises(ConfigError, match="'ode' sampler"):
+        load_config(shapes, ["sampling.sde_type=ode"])

@@ -52,6 +52,7 @@ def _run(model, prefs_file, out, *extra, max_steps=10, overrides=()):
         "model.lora.alpha": 4,
         "run.output_dir": out,
         "algorithm.name": "diffusion_dpo",
+        "sampling.same_initial_noise": "null",  # the example's true is refused for ODE sampling
         "train.groups_per_step": 2,
         "sampling.num_steps": 3,
         "runtime.control_port": 0,

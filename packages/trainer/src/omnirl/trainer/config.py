@@ -251,6 +251,26 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"key 'sampling.sde_window': {list(window)!r} is not [start, end)")
     if cfg.run.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"key 'run.dtype': unknown dtype {cfg.run.dtype!r}")
+    _check_noise_sharing(cfg)
+
+
+def _check_noise_sharing(cfg: DictConfig) -> None:
+    """One x_T per group with an ODE sampler leaves nothing to differ inside the group."""
+    if cfg.sampling.same_initial_noise is not True:
+        return
+    from omnirl.trainer.algorithms.registry import get_algorithm
+
+    try:
+        spec = get_algorithm(cfg.algorithm.name)
+    except LookupError:
+        return  # named with the list of known algorithms when the backend is built
+    sde_type = cfg.sampling.sde_type or spec.sde_type
+    if sde_type == "ode":
+        raise ConfigError(
+            f"key 'sampling.same_initial_noise': true with {cfg.algorithm.name!r}'s 'ode' "
+            "sampler makes every sample of a group identical (no noise after x_T); set it "
+            "to null (the algorithm's choice) or false"
+        )
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:
