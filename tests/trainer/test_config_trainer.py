@@ -60,7 +60,7 @@ def test_shared_initial_noise_with_an_ode_sampler_is_refused():
     shapes = "examples/shapes_flow_grpo.yaml"  # same_initial_noise: true
     assert load_config(shapes).sampling.same_initial_noise is True
     for algorithm in ("diffusion_nft", "diffusion_dpo"):
-        with pytest.raises(ConfigError, match="same_initial_noise.*identical"):
+        with pytest.raises(ConfigError, match=r"same_initial_noise.*identical"):
             load_config(shapes, [f"algorithm.name={algorithm}"])
         fixed = load_config(
             shapes, [f"algorithm.name={algorithm}", "sampling.same_initial_noise=null"]
