@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Pretrain ShapesEval base-model candidates on one GPU, side by side, and keep snapshots of
 # each so that a base model of the wanted held-out accuracy can be chosen. The candidates are
-# latent models (a tiny VAE first, then the transformer on 4x8x8 latents); the pixel-space
-# "small" model committed first came from the same script with `--preset small`.
+# latent models (a tiny VAE first, then the transformer on 4x8x8 latents). The committed base
+# (examples/checkpoints/shapes_t2i, latent_small step 2565) came from
+# `MINUTES=3.4 VAE_MINUTES=0.9 EVAL_EVERY=0.8 EVAL_HELDOUT=200 EVAL_TRAIN=0`; RUNS=small
+# gives the pixel-space model committed before it.
 #
 # On the device tool's nvidia-h200 (16 cores; its image lacks diffusers, msgspec, pyzmq:
 # carry them as wheels in .whl/, see /work/.library/device/README.md):
