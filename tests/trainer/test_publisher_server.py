@@ -261,3 +261,38 @@ def test_resume_continues_version_and_data_order(tmp_path):
         server.request_stop()
         thread.join(10)
         ctx.destroy(linger=0)
+
+
+class DivergingBackend(NullBackend):
+    """Its first step leaves a NaN in the policy."""
+
+    def export_weights(self):
+        w = torch.full((4,), float(self.steps))
+        if self.steps:
+            w[2] = float("nan")
+        return {"w": w}
+
+
+@pytest.mark.timeout(60)
+def test_a_non_finite_policy_stops_the_run_without_publishing_or_checkpointing_it(tmp_path):
+    cfg = _config(tmp_path)
+    server, thread, result, address = _start(cfg, DivergingBackend())
+    ctx = zmq.Context()
+    try:
+        control = Peer(ctx, zmq.DEALER, address)
+        reward = Peer(ctx, zmq.DEALER, address)
+        reward.ask(Hello(role="reward", worker_id="s1", address="tcp://127.0.0.1:9"))
+        welcome = control.ask(Hello(role="rollout", worker_id="r1"))
+        intake = Peer(ctx, zmq.PUSH, welcome.topology.intake)
+        for _ in range(2):
+            lease = control.ask(LeaseRequest(worker_id="r1"))
+            assert isinstance(lease, Lease), lease
+            intake.send(_scored(lease, lease.prompts[0]))
+        thread.join(20)
+        assert not thread.is_alive() and result["rc"] == 1
+        assert server.publisher.version == 0  # the NaN version never went out
+        assert not list((tmp_path / "run").glob("checkpoints/step_*"))
+    finally:
+        server.request_stop()
+        thread.join(10)
+        ctx.destroy(linger=0)
