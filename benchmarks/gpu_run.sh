@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh          # device tool: carry [".whl"], $OUT set by the tool
 #
 # The image lacks diffusers, msgspec, pyzmq, omegaconf and torchdata: they travel as wheels
-# in .whl/ (see examples/shapes_pretrain_gpu.sh). TOTAL_S (default 530) is the wall-clock
+# in .whl/ (benchmarks/device_env.sh installs them). TOTAL_S (default 530) is the wall-clock
 # the whole script may take; each step is cut by `timeout` so that the benchmark keeps the
 # rest and everything it wrote to $OUT (at most 6 files) comes back. BENCH_ARGS adds
 # arguments to gpu_sd35m.py; TESTS_S and FSDP_S cut the first two steps (a dry run on a CPU: DEVICE=cpu BENCH_ARGS="--tiny
@@ -19,16 +19,8 @@ DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 elapsed() { echo $(($(date +%s) - START)); }
 
-export PYTHONPATH=${PYTHONPATH:-}
-if [ -d .whl ] && ! python3 -c "import diffusers, msgspec, zmq, omegaconf" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl
-    PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-for p in protocol contrib-models reward rollout trainer; do
-    PYTHONPATH=$PWD/packages/$p/src:$PYTHONPATH
-done
-export PYTHONPATH=$PWD/tools/src:$PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+. benchmarks/device_env.sh  # wheels from .whl/, workspace sources, entry points
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCHINDUCTOR_CACHE_DIR=/tmp/omnirl_inductor HF_HUB_OFFLINE=1
 
 {

@@ -27,6 +27,7 @@ still reports what it measured. ``--tiny`` runs the same stages on a toy model (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -40,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sd35m_report import Report
+from gpu_sd35m_profile import profile_kernels
 from gpu_sd35m_setup import (
     SETUPS,
     Budget,
@@ -49,6 +51,9 @@ from gpu_sd35m_setup import (
     build_vae,
     dynamo_counts,
 )
+
+from omnirl.models.device import ATTENTION_BACKENDS as SDPA_BACKENDS
+from omnirl.models.device import attention_backend as sdpa_context
 
 # Rough GPU seconds each stage needs (compiles dominate); tiny runs scale them by 1/20.
 ESTIMATES = {
@@ -61,6 +66,7 @@ ESTIMATES = {
     "train_kl": 60,
     "warm_start": 45,
     "checkpointing": 120,
+    "profile": 30,
 }
 
 
@@ -87,7 +93,7 @@ class Bench:
         self.vae = build_vae(s.vae, dev, self.dtype)
         model = build_transformer(s.transformer, dev, self.dtype)
         torch.manual_seed(1)
-        add_lora(model, s.lora)
+        add_lora(model, s.lora, cast_inputs=True)  # PEFT's default, as flow_grpo runs it
         pipe = FakeTextPipeline(model, self.vae, s, dev, self.dtype)
         self.flops = model_flops(pipe, s, model)
         params = sum(p.numel() for p in model.parameters())
@@ -232,7 +238,8 @@ class Bench:
     def stage_compile_rollout(self) -> None:
         if not hasattr(self, "rollout"):
             self.build_omnirl()
-        self.rollout.compile(self.compile_config())
+        mode = self.args.rollout_compile_mode or self.args.compile_mode
+        self.rollout.compile(self.compile_config().replace(mode=mode))
         _, first = self.sample()
         secs = []
         for _ in range(self.args.repeats):
@@ -321,6 +328,17 @@ class Bench:
         )
         self.sync_weights()
         self.iterate("omnirl_iteration_same_work", step, None, True)
+        self.step_kl = step
+
+    def stage_profile(self) -> None:
+        """Kernel time by kind over one same-work iteration (rollout, then training)."""
+        groups, _ = self.sample()  # compiled graphs warm; fresh on-policy groups
+        self.report.add("profile_rollout", **profile_kernels(self.device, self.sample))
+        self.report.add(
+            "profile_train_kl",
+            **profile_kernels(self.device, lambda: self.timed_step(self.step_kl, groups)),
+        )
+        self.sync_weights()
 
     def stage_checkpointing(self) -> None:
         self.train.transformer.enable_gradient_checkpointing()
@@ -403,6 +421,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's)")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--compile-mode", default=None)
+    p.add_argument(
+        "--rollout-compile-mode",
+        default=None,
+        help="the rollout's torch.compile mode (default: --compile-mode); 'reduce-overhead' "
+        "adds CUDA graphs, which the trainer refuses",
+    )
+    p.add_argument(
+        "--sdpa",
+        default="default",
+        choices=sorted(SDPA_BACKENDS),
+        help="attention kernel for the omnirl stages (the baseline keeps torch's default)",
+    )
     p.add_argument("--cache-dir", default=None, help="persistent compile cache directory")
     p.add_argument("--matmul-n", type=int, default=None)
     p.add_argument("--stages", default="all", help="comma-separated stage names, or 'all'")
@@ -456,6 +486,7 @@ def run(args) -> Report:
         "compile_train",
         "iterations",
         "train_kl",
+        "profile",
         "warm_start",
         "checkpointing",
     ]
@@ -467,6 +498,7 @@ def run(args) -> Report:
         "train_kl": "compile_train",
         "checkpointing": "compile_train",
         "warm_start": "compile_rollout",
+        "profile": "train_kl",
     }
     done: set[str] = set()
     for name in (n for n in order if n in wanted):
@@ -478,8 +510,10 @@ def run(args) -> Report:
             report.skip(name, f"budget: {budget.left():.0f} s left, about {estimate:.0f} s needed")
             continue
         start = time.perf_counter()
+        attention = contextlib.nullcontext() if name == "baseline" else sdpa_context(args.sdpa)
         try:
-            getattr(bench, f"stage_{name}")()
+            with attention:
+                getattr(bench, f"stage_{name}")()
             done.add(name)
         except Exception as err:  # one failed stage must not lose the others' results
             report.add(f"{name}_error", error=repr(err)[:400], where=traceback.format_exc()[-1500:])

@@ -32,16 +32,8 @@ THREADS=${THREADS:-1}  # torch threads per run (DEVICE=cpu: the cores it may use
 WORKERS=${WORKERS:-6}  # render processes per run
 EVAL_EVERY=${EVAL_EVERY:-1}  # minutes
 mkdir -p "$OUT" "$WORK"
-export PYTHONPATH=${PYTHONPATH:-}
-if [ -d .whl ] && ! python3 -c "import diffusers, msgspec, zmq" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl
-    PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-for p in protocol contrib-models reward rollout trainer; do
-    PYTHONPATH=$PWD/packages/$p/src:$PYTHONPATH
-done
-export PYTHONPATH=$PWD/tools/src:$PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+. benchmarks/device_env.sh  # wheels from .whl/, workspace sources, entry points
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
 run() {

@@ -35,13 +35,21 @@ def lora_kwargs(lora: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def add_lora(transformer: torch.nn.Module, lora: dict[str, Any]) -> dict[str, Any]:
+def add_lora(
+    transformer: torch.nn.Module, lora: dict[str, Any], *, cast_inputs: bool = False
+) -> dict[str, Any]:
     """Freeze ``transformer`` and add a LoRA adapter (name ``default``); return its kwargs.
 
     Only the adapter's parameters require grad afterwards. They are float32 whatever the
     base model's dtype, on the trainer (so optimiser updates are not lost to bf16 rounding)
     and on the rollout alike (so both run the same adapter kernels and agree exactly); a
     half-precision model's call casts them at use (``omnirl.models.device.model_autocast``).
+
+    ``cast_inputs=False`` (the default) stops PEFT from casting each adapted layer's input to
+    the adapter's float32 before ``lora_A``: under autocast that copy is cast straight back to
+    the model dtype for the matmul, so skipping both copies changes no value (the round trip
+    bf16 -> fp32 -> bf16 is exact) and saves two passes over the activations per adapted
+    layer, forward and backward. ``True`` is PEFT's behaviour (flow_grpo's; the baseline's).
     Raises ``ValueError`` for ``LoraConfig`` kwargs PEFT does not accept.
     """
     from peft import LoraConfig
@@ -55,4 +63,10 @@ def add_lora(transformer: torch.nn.Module, lora: dict[str, Any]) -> dict[str, An
     transformer.add_adapter(config)
     for param in lora_targets(transformer).values():
         param.data = param.data.to(torch.float32)
+    if not cast_inputs:
+        from peft.tuners.lora import LoraLayer
+
+        for module in transformer.modules():
+            if isinstance(module, LoraLayer):
+                module.cast_input_dtype_enabled = False
     return kwargs

@@ -76,12 +76,14 @@ def _t5_vocab() -> list[tuple[str, float]]:
     return pieces
 
 
-def _tokenizers():
+def build_tokenizers(clip_max_length: int = CLIP_MAX_LENGTH, t5_max_length: int = T5_MAX_LENGTH):
+    """A character-level CLIP tokenizer and T5 tokenizer built in memory (no hub), padding
+    to ``clip_max_length`` / ``t5_max_length`` tokens (the real SD3's are 77 and 256)."""
     from transformers import CLIPTokenizer, T5Tokenizer
 
     vocab, merges = _clip_vocab()
-    clip = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=CLIP_MAX_LENGTH)
-    t5 = T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=T5_MAX_LENGTH)
+    clip = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=clip_max_length)
+    t5 = T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=t5_max_length)
     return clip, t5
 
 
@@ -178,7 +180,7 @@ def make_tiny_sd3(
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        clip_tok, t5_tok = _tokenizers()
+        clip_tok, t5_tok = build_tokenizers()
         te1, te2, te3 = _text_encoders(config, len(clip_tok), len(t5_tok))
         pipe = StableDiffusion3Pipeline(
             transformer=_transformer(config),

@@ -1,0 +1,305 @@
+"""The multi-process loop on one GPU machine (issue 9, item 5): end-to-end images/s.
+
+One ``omnirl launch``: the trainer and one rollout worker on the same GPU, reward workers on
+the machine's CPUs, everything over loopback ZeroMQ, exactly as a user runs it. The model
+is SD3.5-Medium-shaped with random weights (no hub on the device): a real
+``StableDiffusion3Pipeline`` folder written by this script, whose transformer and VAE are the
+real architectures of ``gpu_sd35m_setup.py`` and whose three text encoders have the real
+widths (CLIP-L 768, CLIP-G 1280, T5 4096) and sequence lengths (77 + 256 = 333 tokens) but
+two layers each instead of 12 / 32 / 24 (they run once per prompt, not per step; the full
+ones would only add disk and load time). Work per update as in ``gpu_sd35m.py``'s "same
+work" row: FlowGRPO, LoRA r 32, 512 x 512, 10 steps with CFG 4.5, 9 trained steps with the
+KL reference pass (``kl_beta`` 0.04), groups of 8; the reward is JPEG compressibility (CPU).
+
+    python benchmarks/gpu_loop.py --out runs/gpu_loop --minutes 5          # on the GPU
+    uv run python benchmarks/gpu_loop.py --tiny --device cpu --out runs/gpu_loop_tiny --minutes 1
+
+Writes ``<out>/gpu_loop.json`` (the summary below), the run's metrics, config and logs.
+Steady state is every optimiser step after the first ``--warmup-steps`` (compilation and
+the first weight load land there): images/s = samples trained / trainer wall time over
+those steps. Also from the logs: the rollout's seconds per lease, the trainer's publish
+time and the rollout's apply time for each LoRA version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_sd35m_setup import SETUPS, build_scheduler, build_transformer, build_vae  # noqa: E402
+
+# Text encoders: the real widths and lengths, two layers (see the module docstring).
+TEXT_ENCODERS = {
+    "sd35m": {
+        "clip_l": {"hidden": 768, "heads": 12, "ffn": 3072},
+        "clip_g": {"hidden": 1280, "heads": 20, "ffn": 5120},
+        "t5": {"d_model": 4096, "d_kv": 64, "d_ff": 10240, "heads": 64},
+        "clip_len": 77,
+        "t5_len": 256,
+        "layers": 2,
+    },
+    "tiny": {
+        "clip_l": {"hidden": 16, "heads": 2, "ffn": 32},
+        "clip_g": {"hidden": 16, "heads": 2, "ffn": 32},
+        "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "heads": 2},
+        "clip_len": 8,
+        "t5_len": 16,
+        "layers": 2,
+    },
+}
+
+
+def write_model(path: Path, preset: str, device: str, dtype: torch.dtype) -> Path:
+    """Write the random pipeline folder (once; an existing folder is reused)."""
+    from diffusers import StableDiffusion3Pipeline
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    from omnirl.models.sd3.tiny import build_tokenizers
+
+    if (path / "model_index.json").exists():
+        return path
+    setup, text = SETUPS[preset], TEXT_ENCODERS[preset]
+    if text["clip_len"] + text["t5_len"] != setup.text_len:
+        raise ValueError(f"text lengths do not add up to the setup's {setup.text_len}")
+    clip_tok, t5_tok = build_tokenizers(text["clip_len"], text["t5_len"])
+
+    def clip(spec, seed):
+        torch.manual_seed(seed)
+        config = CLIPTextConfig(
+            vocab_size=len(clip_tok),
+            hidden_size=spec["hidden"],
+            intermediate_size=spec["ffn"],
+            projection_dim=spec["hidden"],
+            num_hidden_layers=text["layers"],  # SD3 reads the penultimate hidden state
+            num_attention_heads=spec["heads"],
+            max_position_embeddings=text["clip_len"],
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+            hidden_act="gelu",
+        )
+        with torch.device(device):
+            return CLIPTextModelWithProjection(config).to(dtype)
+
+    t5 = text["t5"]
+    torch.manual_seed(3)
+    with torch.device(device):
+        t5_model = T5EncoderModel(
+            T5Config(
+                vocab_size=len(t5_tok),
+                d_model=t5["d_model"],
+                d_kv=t5["d_kv"],
+                d_ff=t5["d_ff"],
+                num_layers=text["layers"],
+                num_heads=t5["heads"],
+                feed_forward_proj="gated-gelu",  # T5 v1.1, as SD3's T5-XXL
+                pad_token_id=0,
+                eos_token_id=1,
+                decoder_start_token_id=0,
+            )
+        ).to(dtype)
+    pipe = StableDiffusion3Pipeline(
+        transformer=build_transformer(setup.transformer, device, dtype),
+        scheduler=build_scheduler(),
+        vae=build_vae(setup.vae, device, dtype),
+        text_encoder=clip(text["clip_l"], 1),
+        tokenizer=clip_tok,
+        text_encoder_2=clip(text["clip_g"], 2),
+        tokenizer_2=clip_tok,
+        text_encoder_3=t5_model,
+        tokenizer_3=t5_tok,
+    )
+    tmp = path.with_name(path.name + ".partial")
+    pipe.save_pretrained(tmp, safe_serialization=True)
+    tmp.rename(path)
+    return path
+
+
+def write_config(args, model: Path, out: Path) -> Path:
+    """The run's YAML (only what differs from the trainer's defaults)."""
+    setup = SETUPS[args.preset]
+    cache = out / "compile_cache"
+    compile_train = "true" if args.compile else "false"
+    lines = f"""\
+run:
+  name: gpu_loop
+  output_dir: {out / "run"}
+  device: {args.device}
+  dtype: {args.dtype}
+model:
+  path: {model}
+  lora:
+    r: {setup.lora_r}
+    alpha: {setup.lora_alpha}
+algorithm:
+  name: flow_grpo
+  overrides:
+    micro_batch_size: {setup.micro}
+    timestep_fraction: 0.99
+data:
+  prompts: {args.prompts}
+  group_size: {args.group_size}
+sampling:
+  num_steps: {setup.steps}
+  guidance_scale: {setup.guidance}
+  height: {setup.side}
+  width: {setup.side}
+reward:
+  scorer: jpeg_compressibility
+train:
+  groups_per_step: {args.groups_per_step}
+  max_staleness: {args.max_staleness}
+  lr: 1.0e-4
+  kl_beta: {setup.kl_beta}
+  compile: {compile_train}
+  compile_cache: {cache if args.compile else "null"}
+runtime:
+  control_port: 0
+  lease_timeout_s: 900
+  heartbeat_timeout_s: 300
+logging:
+  tensorboard: false
+  progress_bar: false
+checkpoint:
+  every: 0
+max_steps: {args.max_steps}
+max_minutes: {args.minutes}
+"""
+    path = out / "gpu_loop.yaml"
+    path.write_text(lines)
+    return path
+
+
+def launch(args, config: Path, out: Path) -> int:
+    """``omnirl launch`` the run; its interleaved output goes to ``<out>/launch.log``."""
+    rollout = ["--device", args.device, "--dtype", args.dtype]
+    if args.compile:
+        rollout += ["--compile", "--compile-cache", str(out / "compile_cache")]
+        if args.rollout_compile_mode:
+            rollout += ["--compile-mode", args.rollout_compile_mode]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from omnirl.tools.cli import main; sys.exit(main())",
+        "launch",
+        str(config),
+        "--rollout",
+        "1",
+        "--reward",
+        str(args.reward_workers),
+        "--rollout-args",
+        shlex.join(rollout),
+    ]
+    with open(out / "launch.log", "w") as log:
+        return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+_LEASE = re.compile(r"lease \S+ done at version \d+ in ([0-9.]+) s")
+_APPLIED = re.compile(r"applied weights version=(\d+) format=(\w+) .* in ([0-9.]+) s")
+
+
+def summarize(args, out: Path, started: float) -> dict:
+    """Steady-state throughput and the weight-push times from the run's files."""
+    metrics = [
+        json.loads(line)
+        for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    steps = [m for m in metrics if "num_samples" in m and "elapsed_s" in m]
+    summary: dict = {"preset": args.preset, "device": args.device, "steps": len(steps)}
+    if torch.cuda.is_available() and args.device.startswith("cuda"):
+        summary["gpu"] = torch.cuda.get_device_name(0)
+    steady = steps[args.warmup_steps :]
+    if len(steady) >= 2:
+        samples = sum(m["num_samples"] for m in steady[1:])
+        wall = steady[-1]["elapsed_s"] - steady[0]["elapsed_s"]
+        summary.update(
+            steady_steps=len(steady) - 1,
+            steady_samples=samples,
+            steady_wall_s=round(wall, 2),
+            images_per_s=round(samples / wall, 3),
+            s_per_image=round(wall / samples, 4),
+            train_step_s_median=round(statistics.median(m["time_s"] for m in steady), 3),
+            publish_s_median=round(statistics.median(m["publish_s"] for m in steady), 4),
+            weight_bytes=steady[-1].get("weight_bytes"),
+            staleness_mean=round(statistics.mean(m["staleness_mean"] for m in steady), 3),
+            logp_absdiff_mean=statistics.mean(m["behav_prox_logp_absdiff_mean"] for m in steady),
+            logp_absdiff_max=max(m["behav_prox_logp_absdiff_max"] for m in steady),
+        )
+    if steps:
+        summary["first_step_elapsed_s"] = round(steps[0]["elapsed_s"], 1)
+        summary["reward_first_last"] = [steps[0]["reward_mean"], steps[-1]["reward_mean"]]
+    rollout_log = out / "run" / "logs" / "rollout-0.log"
+    if rollout_log.exists():
+        text = rollout_log.read_text()
+        leases = [float(x) for x in _LEASE.findall(text)]
+        applied = [(int(v), f, float(s)) for v, f, s in _APPLIED.findall(text)]
+        if leases:
+            tail = leases[len(leases) // 4 :]  # past compilation
+            summary["rollout_lease_s_median"] = round(statistics.median(tail), 3)
+            summary["rollout_s_per_image"] = round(statistics.median(tail) / args.group_size, 4)
+            summary["leases"] = len(leases)
+        if len(applied) > 1:
+            summary["apply_s_median"] = round(statistics.median(s for _, _, s in applied[1:]), 4)
+    summary["wall_s"] = round(time.time() - started, 1)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/gpu_loop"))
+    p.add_argument("--model-dir", type=Path, default=None, help="default: <out>/model")
+    p.add_argument("--tiny", action="store_true", help="toy sizes (a CPU dry run)")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default=None, help="default bfloat16 (float32 with --tiny)")
+    p.add_argument("--minutes", type=float, default=5.0, help="the trainer's max_minutes")
+    p.add_argument("--max-steps", type=int, default=1000)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--groups-per-step", type=int, default=2)
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--reward-workers", type=int, default=1)
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--rollout-compile-mode", default=None)
+    p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
+    args = p.parse_args(argv)
+    args.preset = "tiny" if args.tiny else "sd35m"
+    args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
+    started = time.time()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model = (args.model_dir or out / "model").resolve()
+    build_device = args.device if torch.device(args.device).type == "cuda" else "cpu"
+    t0 = time.perf_counter()
+    write_model(model, args.preset, build_device, getattr(torch, args.dtype))
+    model_s = time.perf_counter() - t0
+    if build_device != "cpu":
+        torch.cuda.empty_cache()
+    config = write_config(args, model, out)
+    print(f"model folder in {model_s:.1f} s; launching ({args.minutes} min)", flush=True)
+    code = launch(args, config, out)
+    summary = {"launch_exit": code, "model_write_s": round(model_s, 1)}
+    try:
+        summary.update(summarize(args, out, started))
+    except (OSError, ValueError, KeyError) as err:
+        summary["summary_error"] = repr(err)
+    (out / "gpu_loop.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("RESULT " + json.dumps(summary), flush=True)
+    return 0 if code == 0 and "images_per_s" in summary else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Kernel time by kind for ``gpu_sd35m.py``: where a step's GPU time goes.
+
+Kinds, by kernel name: ``matmul`` (cuBLAS / CUTLASS / inductor's Triton matmul templates),
+``attention`` (FlashAttention, cuDNN, memory-efficient SDPA kernels), ``triton``
+(inductor-generated fused element-wise / reduction kernels), ``copy`` (dtype casts and
+memory copies), ``other`` (eager element-wise and the rest). On a CPU the same split is
+made over the aten operators' CPU time, so the code path runs in tests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+_KINDS = (
+    ("attention", re.compile(r"flash|fmha|cudnn|attention|sdpa|_efficient_attention", re.I)),
+    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|sm90_|mm_|addmm|matmul|bmm|linear", re.I)),
+    ("triton", re.compile(r"^triton_", re.I)),
+    ("copy", re.compile(r"copy|memcpy|memset|to_copy|cast|convert", re.I)),
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, pattern in _KINDS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def profile_kernels(device: torch.device, fn: Callable[[], object], *, top: int = 8) -> dict:
+    """Run ``fn`` once under the profiler; return ms and share per kind, kernel count, and
+    the ``top`` kernels by time (name cut to 90 characters)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    by_kind: dict[str, float] = {}
+    kernels: list[tuple[float, str, int]] = []
+    for event in prof.key_averages():
+        us = float(event.self_device_time_total if cuda else event.self_cpu_time_total)
+        if us <= 0:
+            continue
+        by_kind[kind_of(event.key)] = by_kind.get(kind_of(event.key), 0.0) + us
+        kernels.append((us, event.key, int(event.count)))
+    total = sum(by_kind.values()) or 1.0
+    kernels.sort(reverse=True)
+    return {
+        "total_ms": round(total / 1e3, 2),
+        "launches": sum(n for _, _, n in kernels),
+        **{f"{k}_ms": round(v / 1e3, 2) for k, v in sorted(by_kind.items())},
+        **{f"{k}_share": round(v / total, 3) for k, v in sorted(by_kind.items())},
+        "top": [f"{us / 1e3:.2f} ms x{n} {name[:90]}" for us, name, n in kernels[:top]],
+    }
