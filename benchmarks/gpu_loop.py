@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_sd35m_setup import SETUPS, build_scheduler, build_transformer, build_vae  # noqa: E402
+from gpu_sd35m_setup import SETUPS, build_scheduler, build_transformer, build_vae
 
 # Text encoders: the real widths and lengths, two layers (see the module docstring).
 TEXT_ENCODERS = {

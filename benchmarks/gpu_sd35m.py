@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_sd35m_report import Report
 from gpu_sd35m_profile import profile_kernels
+from gpu_sd35m_report import Report
 from gpu_sd35m_setup import (
     SETUPS,
     Budget,
