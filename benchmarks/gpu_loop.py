@@ -146,7 +146,7 @@ model:
 algorithm:
   name: flow_grpo
   overrides:
-    micro_batch_size: {setup.micro}
+    micro_batch_size: {args.micro or setup.micro}
     timestep_fraction: 0.99
 data:
   prompts: {args.prompts}
@@ -165,6 +165,7 @@ train:
   kl_beta: {setup.kl_beta}
   compile: {compile_train}
   compile_cache: {cache if args.compile else "null"}
+  attention: {args.attention}
 runtime:
   control_port: 0
   lease_timeout_s: 900
@@ -184,7 +185,7 @@ max_minutes: {args.minutes}
 
 def launch(args, config: Path, out: Path) -> int:
     """``omnirl launch`` the run; its interleaved output goes to ``<out>/launch.log``."""
-    rollout = ["--device", args.device, "--dtype", args.dtype]
+    rollout = ["--device", args.device, "--dtype", args.dtype, "--attention", args.attention]
     if args.compile:
         rollout += ["--compile", "--compile-cache", str(out / "compile_cache")]
         if args.rollout_compile_mode:
@@ -272,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-workers", type=int, default=1)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--attention", default="default", help="SDPA kernel, trainer and rollout")
+    p.add_argument("--micro", type=int, default=0, help="training micro-batch (samples)")
     p.add_argument("--rollout-compile-mode", default=None)
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     args = p.parse_args(argv)

@@ -196,7 +196,8 @@ class Bench:
     def train_step(self, kl_beta: float):
         from omnirl.trainer.step import TrainStep
 
-        config = TrainStep.Config(lr=1e-4, kl_beta=kl_beta, micro_batch_size=self.setup.micro)
+        micro = self.args.micro or self.setup.micro  # --micro: omnirl's alone
+        config = TrainStep.Config(lr=1e-4, kl_beta=kl_beta, micro_batch_size=micro)
         return TrainStep(self.train, "flow_grpo", config)
 
     def timed_step(self, step, groups) -> tuple[dict, float]:
@@ -426,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the rollout's torch.compile mode (default: --compile-mode); 'reduce-overhead' "
         "adds CUDA graphs, which the trainer refuses",
+    )
+    p.add_argument(
+        "--micro",
+        type=int,
+        default=0,
+        help="omnirl's training micro-batch in samples (default: the setup's, the baseline's)",
     )
     p.add_argument(
         "--sdpa",

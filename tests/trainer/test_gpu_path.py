@@ -125,3 +125,30 @@ def test_rollout_warmup_lease_has_the_runs_shapes():
     assert len(prompts) == 2 and sampling.group_size == 4
     assert (sampling.num_steps, sampling.height, sampling.width) == (7, 64, 48)
     assert sampling.guidance_scale == 3.0
+
+
+def test_attention_backend_is_validated_and_listed_alike_by_trainer_and_rollout():
+    from omnirl.models.device import ATTENTION_BACKENDS, attention_backend
+    from omnirl.rollout.cli import build_parser
+    from omnirl.trainer.config import ConfigError
+
+    assert load_config(None, ["model.path=x", "data.prompts=p", "train.attention=cudnn"])
+    with pytest.raises(ConfigError, match="train.attention.*'fast'"):
+        load_config(None, ["model.path=x", "data.prompts=p", "train.attention=fast"])
+    action = next(a for a in build_parser()._actions if a.dest == "attention")
+    assert tuple(action.choices) == ATTENTION_BACKENDS
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention_backend("fast")
+
+
+@pytest.mark.parametrize("name", ["default", "cudnn", "flash", "efficient", "math"])
+def test_every_attention_backend_computes_attention_here(name):
+    """A preferred kernel this device lacks falls back to one it has (same values)."""
+    from omnirl.models.device import attention_backend
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 7, 16, generator=gen).to(DEVICE) for _ in range(3))
+    expected = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1) @ v
+    with attention_backend(name):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)

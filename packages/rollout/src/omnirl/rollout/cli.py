@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile mode (default: torch's; 'reduce-overhead' adds CUDA graphs)",
     )
     parser.add_argument(
+        "--attention",
+        default="default",
+        choices=["default", "cudnn", "flash", "efficient", "math"],
+        help="SDPA kernel (default: torch's); name the trainer's train.attention",
+    )
+    parser.add_argument(
         "--compile-cache",
         default=None,
         metavar="DIR",
@@ -75,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from omnirl.models.device import attention_backend
+
+    # the process's SDPA kernel, for every compile and call from here on (torch-global flags)
+    attention_backend(args.attention).__enter__()
     from omnirl.protocol.auth import SecurityConfig
     from omnirl.rollout.worker import RolloutWorker, RolloutWorkerConfig
 

@@ -20,7 +20,7 @@ from omnirl.trainer.config import ConfigError, LoraConfig, to_container
 
 # ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
 _LOOP_KEYS = ("groups_per_step", "max_staleness")
-_MODEL_KEYS = ("gradient_checkpointing", "compile", "compile_mode", "compile_cache")
+_MODEL_KEYS = ("gradient_checkpointing", "compile", "compile_mode", "compile_cache", "attention")
 
 
 def train_step_config(cfg: Any) -> Any:

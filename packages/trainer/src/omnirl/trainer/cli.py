@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(cfg.run.threads)
+    from omnirl.models.device import attention_backend
+
+    # the process's SDPA kernel, for every compile and call from here on (torch-global flags)
+    attention_backend(cfg.train.attention).__enter__()
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.data import DataError
     from omnirl.trainer.server import TrainerServer

@@ -133,6 +133,9 @@ class TrainConfig:
     compile: bool = False  # each transformer block torch.compiled (omnirl.models.compile)
     compile_mode: str | None = None  # torch.compile mode; null: torch's default
     compile_cache: str | None = None  # persistent compile cache directory
+    # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
+    # rollout's --attention should name the same one (log-prob parity)
+    attention: str = "default"
 
 
 @dataclass
@@ -251,6 +254,13 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"key 'sampling.sde_window': {list(window)!r} is not [start, end)")
     if cfg.run.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"key 'run.dtype': unknown dtype {cfg.run.dtype!r}")
+    from omnirl.models.device import ATTENTION_BACKENDS
+
+    if cfg.train.attention not in ATTENTION_BACKENDS:
+        raise ConfigError(
+            f"key 'train.attention': unknown attention backend {cfg.train.attention!r}; "
+            f"known: {list(ATTENTION_BACKENDS)}"
+        )
     _check_noise_sharing(cfg)
 
 
