@@ -133,7 +133,7 @@ def test_attention_backend_is_validated_and_listed_alike_by_trainer_and_rollout(
     from omnirl.trainer.config import ConfigError
 
     assert load_config(None, ["model.path=x", "data.prompts=p", "train.attention=cudnn"])
-    with pytest.raises(ConfigError, match="train.attention.*'fast'"):
+    with pytest.raises(ConfigError, match=r"train\.attention.*'fast'"):
         load_config(None, ["model.path=x", "data.prompts=p", "train.attention=fast"])
     action = next(a for a in build_parser()._actions if a.dest == "attention")
     assert tuple(action.choices) == ATTENTION_BACKENDS
