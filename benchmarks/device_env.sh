@@ -3,18 +3,19 @@
 #
 #   . benchmarks/device_env.sh
 #
-# - the wheels in .whl/ (diffusers, msgspec, pyzmq, omegaconf, torchdata: what the image
-#   lacks; carry [".whl"]) are installed into /tmp/site once;
+# - the wheels in .whl/ ($OMNIRL_WHEELS; diffusers, msgspec, pyzmq, omegaconf, torchdata:
+#   what the image lacks; carry [".whl"]) go into /tmp/site ($OMNIRL_SITE) once;
 # - every workspace package's src/ goes on PYTHONPATH;
 # - each package gets a metadata-only *.dist-info in /tmp/site with its entry points, as an
 #   editable install would write, so `importlib.metadata` finds the model families
 #   (`omnirl.models`), the scorers and the console scripts exactly as under `uv run`.
 SITE=${OMNIRL_SITE:-/tmp/site}
+WHEELS=${OMNIRL_WHEELS:-.whl}
 mkdir -p "$SITE"
 export PYTHONPATH=${PYTHONPATH:-}
-if [ -d .whl ] && ! python3 -c "import diffusers, msgspec, zmq, omegaconf" 2>/dev/null; then
+if [ -d "$WHEELS" ] && ! python3 -c "import diffusers, msgspec, zmq, omegaconf" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl
+        --target "$SITE" "$WHEELS"/*.whl
 fi
 PYTHONPATH=$SITE:$PYTHONPATH
 for p in packages/*/ tools/; do

@@ -48,8 +48,16 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "omnirl_iteration_same_work",
         "warm_start",
         "omnirl_train_compiled_checkpointing",
+        "profile_rollout",
+        "profile_train_kl",
     ):
         assert stage in rows, stage
+    for name in ("profile_rollout", "profile_train_kl"):  # CPU: aten operators' time by kind
+        prof = rows[name]
+        assert prof["total_ms"] > 0 and prof["launches"] > 0 and prof["top"]
+        shares = sum(v for k, v in prof.items() if k.endswith("_share"))
+        assert shares == pytest.approx(1.0, abs=0.01)
+        assert prof["matmul_share"] > 0
     # float32 on a CPU: the compiled rollout and both trainers run the same arithmetic
     assert rows["omnirl_train_eager"]["parity_max"] < 1e-5
     assert rows["omnirl_iteration_kl0"]["parity_max"] < 1e-5

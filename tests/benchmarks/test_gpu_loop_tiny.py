@@ -1,0 +1,67 @@
+"""``benchmarks/gpu_loop.py --tiny``: the whole launch on the CPU, and the device setup script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_loop.py"),
+        "--tiny",
+        "--device",
+        "cpu",
+        "--no-compile",
+        "--minutes",
+        "2",
+        "--max-steps",
+        "5",
+        "--attention",
+        "math",
+        "--micro",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu_loop.json").read_text())
+    assert summary["launch_exit"] == 0 and summary["steps"] == 5
+    assert summary["steady_steps"] == 2 and summary["images_per_s"] > 0
+    assert summary["steady_samples"] == 2 * 2 * 8  # 2 steps x 2 groups x 8 samples
+    assert summary["publish_s_median"] > 0 and summary["leases"] >= 10
+    config = (tmp_path / "gpu_loop.yaml").read_text()
+    assert "attention: math" in config and "micro_batch_size: 2" in config
+    assert "--attention math" in (tmp_path / "run" / "logs" / "rollout-0.log").read_text() or (
+        "--attention math" in (tmp_path / "launch.log").read_text()
+    )
+
+
+def test_device_env_registers_every_entry_point_without_installing(tmp_path):
+    site = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMNIRL_SITE"] = str(site)
+    env["OMNIRL_WHEELS"] = str(tmp_path / "no_wheels")  # nothing to install here
+    proc = subprocess.run(
+        ["bash", "-c", ". benchmarks/device_env.sh && echo $PYTHONPATH"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    path = proc.stdout.strip().split(":")
+    assert str(site) in path and str(ROOT / "packages" / "trainer" / "src") in path
+    infos = {p.name.split("-")[0]: p for p in site.glob("*.dist-info")}
+    assert {"omnirl_models", "omnirl_trainer", "omnirl_rollout", "omnirl_tools"} <= set(infos)
+    models = (infos["omnirl_models"] / "entry_points.txt").read_text()
+    assert "[omnirl.models]" in models and "sd3 = omnirl.models.sd3" in models
+    trainer = (infos["omnirl_trainer"] / "entry_points.txt").read_text()
+    assert "[console_scripts]" in trainer and "trainer = omnirl.trainer.cli:main" in trainer
