@@ -14,10 +14,14 @@ from collections.abc import Callable
 
 import torch
 
+# First match wins. Inductor names a fused kernel after the ops in it ("triton_poi_fused_addmm_
+# gelu_..."), so its kernels are sorted out before the matmul names; its matmul templates
+# (max-autotune) are "triton_tem_...".
 _KINDS = (
+    ("matmul", re.compile(r"^triton_tem_", re.I)),
+    ("triton", re.compile(r"^triton_", re.I)),
     ("attention", re.compile(r"flash|fmha|cudnn|attention|sdpa|_efficient_attention", re.I)),
     ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|sm90_|mm_|addmm|matmul|bmm|linear", re.I)),
-    ("triton", re.compile(r"^triton_", re.I)),
     ("copy", re.compile(r"copy|memcpy|memset|to_copy|cast|convert", re.I)),
 )
 
