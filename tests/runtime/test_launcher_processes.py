@@ -16,14 +16,22 @@ TRAINER = textwrap.dedent(
     """
     import pathlib, signal, sys, time
     out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
-    signal.signal(signal.SIGINT, lambda *_: (print("trainer stopping", flush=True), sys.exit(0)))
+    def on_sigint(*_):
+        print("trainer stopping", flush=True)
+        if mode == "stubborn":  # never stops by itself
+            return
+        if mode == "slow":  # a clean stop that takes a while (a checkpoint being written)
+            time.sleep(0.5)
+        sys.exit(0)
+    signal.signal(signal.SIGINT, on_sigint)
     print("trainer up", flush=True)
     (out / "trainer.addr").write_text("tcp://127.0.0.1:5999\\n")
     if mode == "exit3":
         time.sleep(1.0)
         print("trainer failing", flush=True)
         sys.exit(3)
-    time.sleep(60)
+    for _ in range(600):
+        time.sleep(0.1)
     """
 )
 WORKER = textwrap.dedent(
@@ -77,7 +85,8 @@ def test_trainer_failure_stops_workers_and_gives_its_exit_code(tmp_path):
     assert "trainer failing" in (tmp_path / "logs" / "trainer.log").read_text()
 
 
-def test_sigint_stops_trainer_first_then_workers(tmp_path):
+def _driver(tmp_path: Path, mode: str = "wait") -> subprocess.Popen:
+    """A launcher in its own process, returned once its rollout worker is up."""
     driver = textwrap.dedent(
         f"""
         import sys
@@ -87,7 +96,7 @@ def test_sigint_stops_trainer_first_then_workers(tmp_path):
         py = sys.executable
         launcher = Launcher(
             output_dir=Path({str(tmp_path)!r}),
-            trainer_argv=[py, "-c", {TRAINER!r}, {str(tmp_path)!r}, "wait"],
+            trainer_argv=[py, "-c", {TRAINER!r}, {str(tmp_path)!r}, {mode!r}],
             reward_argv=[py, "-c", {WORKER!r}], rollout_argv=[py, "-c", {WORKER!r}],
             num_reward=1, num_rollout=1, address_timeout_s=20, grace_s=5,
         )
@@ -101,12 +110,40 @@ def test_sigint_stops_trainer_first_then_workers(tmp_path):
         if log.exists() and "worker args" in log.read_text():
             break
         time.sleep(0.1)
+    return proc
+
+
+def test_sigint_stops_trainer_first_then_workers(tmp_path):
+    proc = _driver(tmp_path)
     os.kill(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "[trainer] trainer stopping" in out
     assert "[rollout-0] worker got SIGTERM" in out
     assert out.index("trainer stopping") < out.index("worker got SIGTERM")
+
+
+def test_one_ctrl_c_delivered_twice_still_stops_cleanly(tmp_path):
+    """Under ``uv run`` the terminal's SIGINT and uv's forwarded copy arrive together."""
+    proc = _driver(tmp_path, "slow")
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out  # not killed: the trainer stopped by itself
+    assert "[trainer] trainer stopping" in out and "[rollout-0] worker got SIGTERM" in out
+
+
+def test_a_second_ctrl_c_later_kills_everything(tmp_path):
+    proc = _driver(tmp_path, "stubborn")  # would hold the launcher for its 5 s grace period
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(1.5)
+    start = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 3.0, out
+    assert "[trainer] trainer stopping" in out
+    assert proc.returncode == 128 + signal.SIGKILL, out  # the trainer was killed
 
 
 def test_address_file_formats_parse(tmp_path):

@@ -11,7 +11,9 @@ arguments say otherwise.
 
 Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
 (SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
-second Ctrl-C kills everything at once. When the trainer exits on its own, the workers are
+second Ctrl-C kills everything at once. Signals within ``SAME_SIGNAL_S`` of the first count
+as that one: under ``uv run`` a Ctrl-C reaches the launcher twice (from the terminal and
+forwarded by uv). When the trainer exits on its own, the workers are
 stopped too. The exit code is the trainer's.
 """
 
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import TextIO
 
 ADDRESS_FILE = "trainer.addr"
+SAME_SIGNAL_S = 1.0  # a repeat within this long is the same Ctrl-C (uv forwards SIGINT)
 
 
 class LaunchError(RuntimeError):
@@ -148,6 +151,7 @@ class Launcher:
     address: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _signals: int = 0
+    _first_signal_at: float = 0.0
 
     # --------------------------------------------------------------------------- children
 
@@ -216,10 +220,15 @@ class Launcher:
     # -------------------------------------------------------------------------------- run
 
     def _on_signal(self, signum: int, _frame) -> None:
+        now = time.monotonic()
+        if self._signals and now - self._first_signal_at < SAME_SIGNAL_S:
+            return  # the same Ctrl-C, delivered twice (terminal + uv's forwarding)
         self._signals += 1
-        if self._signals > 1:
-            for child in self.children:
-                self.signal_child(child, signal.SIGKILL)
+        if self._signals == 1:
+            self._first_signal_at = now
+            return
+        for child in self.children:
+            self.signal_child(child, signal.SIGKILL)
 
     def wait_for_address(self, trainer: Child, since: float) -> str:
         path = self.output_dir / ADDRESS_FILE
