@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds to wait for the trainer's address file",
     )
     parser.add_argument(
+        "--trainer-procs",
+        type=int,
+        default=1,
+        help="trainer ranks under torchrun (data parallel, one per GPU; default 1: no torchrun)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=60.0,
@@ -77,9 +83,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"omnirl launch: {exc}", file=sys.stderr)
         return 2
     output_dir = Path(cfg.run.output_dir)
+    if args.trainer_procs < 1:
+        print("omnirl launch: --trainer-procs must be >= 1", file=sys.stderr)
+        return 2
     trainer = [*_command("trainer", "omnirl.trainer.cli"), "--config", str(args.config)]
+    if args.trainer_procs > 1:  # rank 0 serves the run, the others follow (trainer.replicas)
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        torchrun += ["--nproc-per-node", str(args.trainer_procs), "-m", "omnirl.trainer.cli"]
+        trainer = [*torchrun, "--config", str(args.config)]
     trainer += [*shlex.split(args.trainer_args), *(["--resume"] if args.resume else [])]
-    threads = share_cores(args.rollout)
+    threads = share_cores(args.rollout + args.trainer_procs - 1)
     if cfg.run.threads == 0 and cfg.run.device == "cpu":
         trainer.append(f"run.threads={threads}")
     trainer += list(args.overrides)

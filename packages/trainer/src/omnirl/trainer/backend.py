@@ -10,6 +10,10 @@ hand it something lighter (a backend with no model) while the real run uses
     step(groups, *, policy_version) -> dict[str, float]
     adapter      # save_pretrained(dir), trainable_parameters()  (checkpoints), or None
     train_step   # state_dict() / load_state_dict()                (checkpoints), or None
+    load_checkpoint(path) -> LoadedCheckpoint         # optional (resume)
+
+Under ``torchrun`` every rank builds an :class:`AdapterBackend` with its :class:`DistInfo`;
+rank 0's is wrapped in :class:`omnirl.trainer.replicas.LeaderBackend`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from omnirl.trainer.config import ConfigError, LoraConfig, to_container
 
 # ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
 _LOOP_KEYS = ("groups_per_step", "max_staleness")
-_MODEL_KEYS = ("gradient_checkpointing", "compile", "compile_mode", "compile_cache", "attention")
+_MODEL_KEYS = (
+    "gradient_checkpointing",
+    "compile",
+    "compile_mode",
+    "compile_cache",
+    "attention",
+    "parallel",
+)
 
 
 def train_step_config(cfg: Any) -> Any:
@@ -48,7 +59,10 @@ def train_step_config(cfg: Any) -> Any:
 class AdapterBackend:
     """The registered training adapter of the model's architecture, and its TrainStep."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, dist_info: Any = None):
+        """``dist_info``: this rank's :class:`~omnirl.trainer.distributed.DistInfo` under
+        ``torchrun`` (the model goes to its device and trains its share of each batch);
+        ``None``: one process on ``run.device``."""
         import torch
 
         from omnirl.models.device import resolve_dtype
@@ -65,9 +79,11 @@ class AdapterBackend:
         lora = LoraConfig.peft_kwargs(cfg.model.lora) if cfg.model.lora is not None else None
         torch.manual_seed(cfg.run.seed)  # LoRA initialisation is part of the run's seed
         dtype = resolve_dtype(cfg.run.dtype)
+        self.dist_info = dist_info
+        device = dist_info.device if dist_info is not None else cfg.run.device
         self.adapter = adapter_cls.from_pretrained(
             self.model_path,
-            device=cfg.run.device,
+            device=device,
             dtype=dtype,
             lora=lora,
             gradient_checkpointing=cfg.train.gradient_checkpointing,
@@ -80,7 +96,40 @@ class AdapterBackend:
             )
         self.weight_format = self.adapter.weight_format
         self.adapter_config = self.adapter.adapter_config()
-        self.train_step = TrainStep(self.adapter, spec, step_config)
+        parallel = None
+        if dist_info is not None and dist_info.world_size > 1:
+            parallel = self._data_parallel(cfg, dist_info)
+        self.train_step = TrainStep(self.adapter, spec, step_config, parallel=parallel)
+
+    def _data_parallel(self, cfg: Any, info: Any) -> Any:
+        """Gradient all-reduce over the ranks (``train.parallel``: ``auto`` / ``ddp``), every
+        rank starting from rank 0's trainable parameters."""
+        import torch.distributed as dist
+
+        from omnirl.trainer.distributed import DataParallel
+
+        mode = cfg.train.parallel
+        if mode not in ("auto", "ddp"):
+            raise ConfigError(
+                f"key 'train.parallel': {mode!r} across {info.world_size} ranks is not "
+                "available to the trainer server (checkpoints of FSDP2-sharded state are not "
+                "implemented; TrainStep itself runs it, see benchmarks/fsdp_step.py): use 'ddp'"
+            )
+        module = getattr(self.adapter, "transformer", None)
+        if module is None:
+            raise ConfigError(
+                f"{type(self.adapter).__name__} names no module to train data-parallel"
+            )
+        parallel = DataParallel(info, module, mode="ddp")
+        for param in self.adapter.trainable_parameters():
+            dist.broadcast(param.data, src=0)
+        return parallel
+
+    def load_checkpoint(self, path: Any) -> Any:
+        """Copy a checkpoint's trainable parameters and optimiser state in; its contents."""
+        from omnirl.trainer.checkpoint import load_checkpoint
+
+        return load_checkpoint(path, adapter=self.adapter, train_step=self.train_step)
 
     def export_weights(self) -> dict[str, Any]:
         return self.adapter.export_weights()

@@ -117,9 +117,37 @@ def main(argv: list[str] | None = None) -> int:
         from omnirl.trainer.determinism import enable_determinism
 
         enable_determinism()
+    dist_info = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by torchrun: one rank of several
+        if args.preferences is not None:
+            print("trainer: --preferences runs in one process, not under torchrun", file=sys.stderr)
+            return 2
+        import datetime
+
+        import torch
+
+        from omnirl.trainer.distributed import init_distributed
+
+        # ranks wait on rank 0 between steps as long as the rollouts take: no 10-minute limit
+        dist_info = init_distributed(
+            torch.device(cfg.run.device).type, timeout=datetime.timedelta(hours=24)
+        )
     recorder = None
     try:
-        backend = AdapterBackend(cfg)
+        backend = AdapterBackend(cfg, dist_info)
+        if dist_info is not None and not dist_info.is_main:
+            from omnirl.trainer.replicas import follow
+
+            # a follower stops when rank 0 says so (rank 0 stops cleanly on SIGINT / SIGTERM,
+            # torchrun forwards them to every rank): leaving early would break rank 0's step
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+            chunk = cfg.runtime.weight_chunk_bytes
+            return _finish_distributed(follow(backend, chunk_bytes=chunk))
+        if dist_info is not None:
+            from omnirl.trainer.replicas import LeaderBackend
+
+            backend = LeaderBackend(backend, chunk_bytes=cfg.runtime.weight_chunk_bytes)
         if args.record is not None:
             from omnirl.protocol.recording import RecordingWriter
 
@@ -160,10 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
-        return server.run()
+        code = server.run()
     finally:
         if recorder is not None:
             recorder.close()
+        if dist_info is not None:
+            backend.close()  # the follower ranks leave
+    return _finish_distributed(code) if dist_info is not None else code
+
+
+def _finish_distributed(code: int) -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
 
 
 if __name__ == "__main__":

@@ -136,6 +136,8 @@ class TrainConfig:
     # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
     # rollout's --attention should name the same one (log-prob parity)
     attention: str = "default"
+    # under torchrun (several trainer ranks): "auto" or "ddp" (gradients all-reduced)
+    parallel: str = "auto"
 
 
 @dataclass
@@ -254,6 +256,11 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"key 'sampling.sde_window': {list(window)!r} is not [start, end)")
     if cfg.run.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"key 'run.dtype': unknown dtype {cfg.run.dtype!r}")
+    if cfg.train.parallel not in ("auto", "none", "ddp", "fsdp"):
+        raise ConfigError(
+            f"key 'train.parallel': unknown mode {cfg.train.parallel!r}; "
+            "known: auto, none, ddp, fsdp"
+        )
     from omnirl.models.device import ATTENTION_BACKENDS
 
     if cfg.train.attention not in ATTENTION_BACKENDS:

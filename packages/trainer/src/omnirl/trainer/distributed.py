@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,12 +56,15 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: str = "cpu", *, backend: str | None = None) -> DistInfo:
+def init_distributed(
+    device: str = "cpu", *, backend: str | None = None, timeout: Any = None
+) -> DistInfo:
     """Join the process group ``torchrun`` describes (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``, ``MASTER_ADDR``); without those, a world of one and no process group.
 
     ``device`` ``"cuda"`` becomes ``cuda:LOCAL_RANK``. ``backend``: default ``nccl`` on
-    CUDA, ``gloo`` on the CPU.
+    CUDA, ``gloo`` on the CPU. ``timeout`` (a ``datetime.timedelta``): how long a collective
+    may wait for the other ranks (torch's default when ``None``).
     """
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -70,7 +74,8 @@ def init_distributed(device: str = "cpu", *, backend: str | None = None) -> Dist
         dev = torch.device("cuda", local if dev.index is None else dev.index)
         torch.cuda.set_device(dev)
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if dev.type == "cuda" else "gloo"))
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        dist.init_process_group(backend or ("nccl" if dev.type == "cuda" else "gloo"), **kwargs)
     return DistInfo(rank=rank, world_size=world, local_rank=local, device=dev)
 
 

@@ -135,7 +135,13 @@ class TrainerServer(FleetControl):
                 "--resume: no checkpoint under %s, starting fresh", checkpoint_dir(self.cfg)
             )
             return
-        ck = load_checkpoint(path, adapter=self.backend.adapter, train_step=self.backend.train_step)
+        loader = getattr(self.backend, "load_checkpoint", None)
+        if loader is not None:  # every rank of a torchrun trainer loads it (LeaderBackend)
+            ck = loader(path)
+        else:
+            ck = load_checkpoint(
+                path, adapter=self.backend.adapter, train_step=self.backend.train_step
+            )
         self.version = int(ck.state["version"])
         self.step = ck.step
         self.prompts.load_state_dict(ck.state["data"])
