@@ -15,7 +15,10 @@ first, with one ``broadcast_object_list`` carrying the command:
   workers log for the version they applied).
 
 So every collective runs on every rank in the same order. Rank 0's server calls the backend
-from its step thread and from its main thread, one call at a time.
+from its step thread and from its main thread, one call at a time. A step that refuses its
+groups (``TrainStepInputError``, before any collective) is refused on every rank and the run
+goes on; any other failure on a follower ends it (exit 1: torchrun stops the other ranks,
+rather than leaving rank 0 waiting in a collective).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from omnirl.trainer.step import TrainStepInputError
 
 log = logging.getLogger("omnirl.trainer")
 
@@ -97,8 +102,13 @@ def follow(backend: Any, *, chunk_bytes: int) -> int:
         command = _receive()
         kind = command[0]
         if kind == "step":
-            backend.step(command[1], policy_version=command[2])
-            steps += 1
+            try:
+                backend.step(command[1], policy_version=command[2])
+                steps += 1
+            except TrainStepInputError as err:
+                # raised by every rank alike before any collective (rank 0's server logs it
+                # and issues the groups again): the ranks stay in step
+                log.warning("rank %d: step refused its groups: %s", info.rank, err)
         elif kind == "export":
             backend.export_weights()
         elif kind == "resume":
