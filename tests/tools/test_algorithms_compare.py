@@ -74,9 +74,10 @@ def test_no_run_report_writes_png_table_and_the_marked_section(bench, tmp_path, 
     )
     monkeypatch.setattr(bench, "DOC", doc)
     monkeypatch.setattr(bench, "DOC_PNG", tmp_path / "images" / "algorithms_compare.png")
-    # the table's numbers assume 8 groups a step, whatever the example config says
+    # the table's numbers assume 8 groups of 8 a step, whatever the example config says
     argv = ["--no-run", "--out", str(out), "--algorithms", "flow_grpo,diffusion_nft", "--write",
-            "--smooth-groups", "16", "--set", "*:train.groups_per_step=8"]  # fmt: skip
+            "--smooth-groups", "16", "--set", "*:train.groups_per_step=8",
+            "--set", "*:data.group_size=8"]  # fmt: skip
     assert bench.main(argv) == 0
     page = doc.read_text()
     assert "old" not in page and page.endswith("<!-- algorithms_compare:end -->\ntail\n")
