@@ -190,6 +190,8 @@ def launch(args, config: Path, out: Path) -> int:
         rollout += ["--compile", "--compile-cache", str(out / "compile_cache")]
         if args.rollout_compile_mode:
             rollout += ["--compile-mode", args.rollout_compile_mode]
+    if args.float8:
+        rollout += ["--float8"]
     cmd = [
         sys.executable,
         "-c",
@@ -276,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="default", help="SDPA kernel, trainer and rollout")
     p.add_argument("--micro", type=int, default=0, help="training micro-batch (samples)")
     p.add_argument("--rollout-compile-mode", default=None)
+    p.add_argument(
+        "--float8", action="store_true", help="the rollout's block linears in float8 (Hopper+)"
+    )
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     args = p.parse_args(argv)
     args.preset = "tiny" if args.tiny else "sd35m"

@@ -67,6 +67,7 @@ ESTIMATES = {
     "warm_start": 45,
     "checkpointing": 120,
     "profile": 30,
+    "fp8": 90,
 }
 
 
@@ -289,7 +290,14 @@ class Bench:
         )
         self.sync_weights()
 
-    def iterate(self, name: str, step, window, kl: bool) -> None:
+    def iterate(
+        self,
+        name: str,
+        step,
+        window,
+        kl: bool,
+        parity_of: str = "compiled rollout vs compiled trainer",
+    ) -> None:
         """Full iterations: sample (decode included), score, train, weights back."""
         times: dict[str, float] = {}
         metrics = {}
@@ -311,6 +319,7 @@ class Bench:
             kl=kl,
             parity_mean=metrics["behav_prox_logp_absdiff_mean"],
             parity_max=metrics["behav_prox_logp_absdiff_max"],
+            parity_of=parity_of + " (staleness 0)",
         )
 
     def stage_iterations(self) -> None:
@@ -340,6 +349,39 @@ class Bench:
             **profile_kernels(self.device, lambda: self.timed_step(self.step_kl, groups)),
         )
         self.sync_weights()
+
+    def stage_fp8(self) -> None:
+        """The rollout with float8 block linear layers (``rollout --float8``): speed, kernel
+        split, parity against the bf16 compiled trainer, and the same-work iteration."""
+        layers = self.rollout.enable_float8()
+        _, first = self.sample()  # the blocks recompile around the converted layers
+        secs = []
+        for _ in range(self.args.repeats):
+            groups, t = self.sample()
+            secs.append(t)
+        steady = min(secs)
+        dec = self.decode_time(groups)
+        n = self.setup.images
+        m, _ = self.timed_step(self.step_kl, groups)  # on-policy: parity is precision alone
+        self.report.add(
+            "omnirl_rollout_fp8",
+            s_per_image=steady / n,
+            denoise_s_per_image=(steady - dec) / n,
+            compile_s=first - steady,
+            layers=layers,
+            parity_mean=m["behav_prox_logp_absdiff_mean"],
+            parity_max=m["behav_prox_logp_absdiff_max"],
+            parity_of="float8 compiled rollout vs compiled trainer in the model dtype",
+        )
+        self.sync_weights()
+        self.report.add("profile_rollout_fp8", **profile_kernels(self.device, self.sample))
+        self.iterate(
+            "omnirl_iteration_same_work_fp8",
+            self.step_kl,
+            None,
+            True,
+            parity_of="float8 compiled rollout vs compiled trainer",
+        )
 
     def stage_checkpointing(self) -> None:
         self.train.transformer.enable_gradient_checkpointing()
@@ -494,6 +536,7 @@ def run(args) -> Report:
         "iterations",
         "train_kl",
         "profile",
+        "fp8",
         "warm_start",
         "checkpointing",
     ]
@@ -506,6 +549,7 @@ def run(args) -> Report:
         "checkpointing": "compile_train",
         "warm_start": "compile_rollout",
         "profile": "train_kl",
+        "fp8": "train_kl",
     }
     done: set[str] = set()
     for name in (n for n in order if n in wanted):

@@ -112,6 +112,7 @@ class Report:
             ("baseline, eager (flow_grpo-style)", "baseline", "rollout_s_per_image"),
             ("omnirl, eager (`diffusers` backend)", "omnirl_rollout_eager", "denoise_s_per_image"),
             ("omnirl, compiled backend", "omnirl_rollout_compiled", "denoise_s_per_image"),
+            ("omnirl, compiled, float8 linears", "omnirl_rollout_fp8", "denoise_s_per_image"),
         ]
         for label, stage, key in rollout_rows:
             s = self.val(stage, key)
@@ -160,6 +161,12 @@ class Report:
         iter_rows = [
             ("baseline: flow_grpo-style eager, KL", "baseline", f["trained"] if f else 9, 1),
             ("omnirl, same work (KL, compiled)", "omnirl_iteration_same_work", None, 1),
+            (
+                "omnirl, same work, float8 rollout",
+                "omnirl_iteration_same_work_fp8",
+                None,
+                1,
+            ),
             ("omnirl, kl_beta 0 (no reference pass)", "omnirl_iteration_kl0", None, 0),
             ("omnirl, kl_beta 0, SDE window of 2", "omnirl_iteration_window2", None, 0),
         ]
@@ -185,6 +192,8 @@ class Report:
             "omnirl_train_compiled",
             "omnirl_iteration_kl0",
             "omnirl_iteration_same_work",
+            "omnirl_rollout_fp8",
+            "omnirl_iteration_same_work_fp8",
         ):
             row = self.get(stage)
             if row and "parity_mean" in row:

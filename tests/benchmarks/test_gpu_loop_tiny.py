@@ -30,6 +30,7 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
         "math",
         "--micro",
         "2",
+        "--float8",
         "--out",
         str(tmp_path),
     ]
@@ -46,6 +47,9 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
         x for x in (tmp_path / "launch.log").read_text().splitlines() if "started rollout" in x
     ]
     assert len(started) == 1 and "--attention math" in started[0]  # the worker got the kernel
+    assert "--float8" in started[0]
+    worker_log = (tmp_path / "run" / "logs" / "rollout-0.log").read_text()
+    assert "float8 linear layers:" in worker_log  # converted, then sampled the whole run
 
 
 def test_device_env_registers_every_entry_point_without_installing(tmp_path):

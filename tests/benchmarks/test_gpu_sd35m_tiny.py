@@ -50,6 +50,9 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "omnirl_train_compiled_checkpointing",
         "profile_rollout",
         "profile_train_kl",
+        "omnirl_rollout_fp8",
+        "profile_rollout_fp8",
+        "omnirl_iteration_same_work_fp8",
     ):
         assert stage in rows, stage
     for name in ("profile_rollout", "profile_train_kl"):  # CPU: aten operators' time by kind
@@ -61,6 +64,9 @@ def test_tiny_run_reports_every_stage(tmp_path):
     # float32 on a CPU: the compiled rollout and both trainers run the same arithmetic
     assert rows["omnirl_train_eager"]["parity_max"] < 1e-5
     assert rows["omnirl_iteration_kl0"]["parity_max"] < 1e-5
+    # float8 linears: really a different matmul, still close (CPU: torch's emulation)
+    assert rows["omnirl_rollout_fp8"]["layers"] > 0
+    assert 0 < rows["omnirl_rollout_fp8"]["parity_max"] < 0.1
     assert rows["baseline"]["iteration_s_per_image"] > 0
     assert rows["warm_start"]["process_to_first_group_s"] > 0
     md = (tmp_path / "gpu_sd35m.md").read_text()

@@ -107,6 +107,11 @@ class DiffusionRolloutAdapter(abc.ABC):
         compiled. A family without one raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no compiled backend")
 
+    def enable_float8(self) -> int:
+        """Run the denoiser's block linear layers in float8 (:mod:`omnirl.models.float8`);
+        return how many were converted. A family without it raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no float8 linear layers")
+
 
 class SampleEncoder(abc.ABC):
     """Turns prompts and finished images into what a trajectory group carries.

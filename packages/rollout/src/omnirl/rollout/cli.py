@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="SDPA kernel (default: torch's); name the trainer's train.attention",
     )
     parser.add_argument(
+        "--float8",
+        action="store_true",
+        help="transformer block linear layers as row-wise scaled float8 matmuls (Hopper+); "
+        "faster, and log-probs further from the trainer's (the parity report shows how far)",
+    )
+    parser.add_argument(
         "--compile-cache",
         default=None,
         metavar="DIR",
@@ -96,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             compile=args.compile or args.compile_mode is not None,
             compile_mode=args.compile_mode,
             compile_cache=args.compile_cache,
+            float8=args.float8,
             worker_id=args.worker_id,
             capacity=args.capacity,
             security=SecurityConfig.from_args(args),

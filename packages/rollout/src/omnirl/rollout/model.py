@@ -87,6 +87,7 @@ class RolloutModel:
         compile: bool = False,
         compile_mode: str | None = None,
         compile_cache: str | None = None,
+        float8: bool = False,
         capacity: int = 1,
     ) -> RolloutModel:
         """Load ``welcome.model_path`` with the adapter shape the first update needs.
@@ -94,7 +95,8 @@ class RolloutModel:
         ``compile``: the compiled backend, warmed up here on one lease of the run's shapes
         (so the first real lease does not wait for compilation). ``compile_cache``: a
         directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
-        before compiling and written after the warm-up when absent.
+        before compiling and written after the warm-up when absent. ``float8``: the
+        denoiser's block linear layers in row-wise float8 (the adapter's ``enable_float8``).
         """
         from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import get_rollout_adapter
@@ -113,6 +115,8 @@ class RolloutModel:
             first.format,
         )
         model = cls(adapter, format=first.format)
+        if float8:
+            log.info("float8 linear layers: %d converted", adapter.enable_float8())
         if compile:
             model.compile_and_warm_up(
                 welcome, mode=compile_mode, cache=compile_cache, capacity=capacity

@@ -64,6 +64,7 @@ class RolloutWorkerConfig:
     compile: bool = False  # the compiled backend (omnirl.models.compile), warmed up at build
     compile_mode: str | None = None  # torch.compile mode; "reduce-overhead": CUDA graphs
     compile_cache: str | None = None  # persistent compile cache directory (shared by workers)
+    float8: bool = False  # block linear layers in row-wise float8 (omnirl.models.float8)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -213,6 +214,7 @@ class RolloutWorker:
                     compile=cfg.compile,
                     compile_mode=cfg.compile_mode,
                     compile_cache=cfg.compile_cache,
+                    float8=cfg.float8,
                     capacity=cfg.capacity,
                 ),
             )

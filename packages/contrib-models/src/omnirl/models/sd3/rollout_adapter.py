@@ -22,7 +22,13 @@ import torch
 from torch import Tensor
 
 from omnirl.models.base import DiffusionRolloutAdapter, WeightFormat, WeightLoadError, sample_seeds
-from omnirl.models.compile import CompileConfig, compile_module, step_begin
+from omnirl.models.compile import CompileConfig, compile_module, repeated_blocks, step_begin
+from omnirl.models.float8 import (
+    Float8Error,
+    check_float8_device,
+    convert_to_float8,
+    refresh_float8,
+)
 from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.schedulers import (
     FlowMatchSDEScheduler,
@@ -78,6 +84,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.transformer.eval()
         self.backend = "diffusers"
         self.compile_config: CompileConfig | None = None
+        self.float8 = False
 
     def compile(self, config: CompileConfig) -> list[str]:
         """Switch to the ``"compiled"`` backend: each transformer block compiled.
@@ -90,6 +97,21 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.compile_config = config
         self.backend = "compiled"
         return names
+
+    def enable_float8(self) -> int:
+        """Convert the transformer blocks' linear layers to row-wise scaled float8
+        (:mod:`omnirl.models.float8`); returns how many. Call before :meth:`compile` (a later
+        call recompiles once). Full-weight updates re-quantise them; LoRA updates leave them
+        alone (the adapter branch runs in the model dtype). Raises
+        :class:`~omnirl.models.float8.Float8Error` on a device without float8 matmuls.
+        """
+        check_float8_device(self.device)
+        blocks = repeated_blocks(self.transformer)
+        if not blocks:
+            raise Float8Error(f"{type(self.transformer).__name__} names no repeated blocks")
+        count = convert_to_float8(blocks)
+        self.float8 = True
+        return count
 
     @classmethod
     def from_pretrained(
@@ -136,6 +158,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         else:
             raise WeightLoadError(f"unknown weight format {format!r}; known: 'lora', 'full'")
         apply_named_tensors(targets, tensors, strict=True)
+        if format == "full" and self.float8:
+            refresh_float8(self.transformer)
 
     # ----------------------------------------------------------------------------- sampling
 

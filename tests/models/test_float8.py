@@ -1,0 +1,133 @@
+"""Float8 linear layers of the rollout: quantisation error, which layers convert, and an SD3
+rollout that samples with them, takes LoRA and full-weight updates, and stays close to the
+model-dtype rollout's log-probs. Device-aware (``OMNIRL_TEST_DEVICE=cuda``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from omnirl.models.float8 import (
+    FLOAT8_MAX,
+    Float8Error,
+    Float8Linear,
+    check_float8_device,
+    convert_to_float8,
+    quantize_rows,
+)
+from omnirl.models.sd3 import SD3RolloutAdapter
+from omnirl.models.weights import full_state, lora_state
+from omnirl.protocol.messages import PromptSpec, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def test_row_quantisation_error_is_within_e4m3_precision():
+    torch.manual_seed(0)
+    x = torch.randn(64, 96) * torch.logspace(-3, 3, 64).unsqueeze(1)  # rows of any magnitude
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (64, 1)
+    back = q.float() * scale
+    # 3 mantissa bits: relative error <= 2^-4 for every element of normal magnitude
+    normal = x.abs() > x.abs().amax(1, keepdim=True) * 2**-6 / FLOAT8_MAX * 448
+    rel = ((back - x).abs() / x.abs())[normal]
+    assert rel.max() <= 2**-4 + 1e-6
+    assert torch.equal(q.float().abs().amax(1), torch.full((64,), FLOAT8_MAX))
+    zeros, _ = quantize_rows(torch.zeros(2, 16))  # an all-zero row stays zero, no NaN
+    assert torch.equal(zeros.float(), torch.zeros(2, 16))
+
+
+def test_float8_linear_matches_the_linear_it_replaces(test_device):
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64).to(test_device, torch.bfloat16)
+    x = torch.randn(3, 50, 128, device=test_device, dtype=torch.bfloat16)
+    expected = linear(x).float()
+    fp8 = Float8Linear(linear)
+    assert fp8.weight is linear.weight and fp8.bias is linear.bias  # the same parameters
+    got = fp8(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (3, 50, 64)
+    err = (got.float() - expected).norm() / expected.norm()
+    assert 0 < err < 0.06  # e4m3 on both operands: a few percent, not bit-equal
+    with torch.no_grad():
+        linear.weight.mul_(2)
+    fp8.refresh()  # re-quantised from the changed parameter, in place
+    err2 = (fp8(x).float() - linear(x).float()).norm() / linear(x).float().norm()
+    assert err2 < 0.06
+
+
+def test_conversion_leaves_modulation_lora_and_odd_sizes_alone():
+    from peft import LoraConfig, inject_adapter_in_model
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1 = nn.Module()
+            self.norm1.linear = nn.Linear(32, 96)  # adaLN modulation
+            self.attn = nn.Module()
+            self.attn.to_q = nn.Linear(32, 32)
+            self.attn.to_out = nn.ModuleList([nn.Linear(32, 32)])
+            self.odd = nn.Linear(32, 10)
+
+    block = Block()
+    inject_adapter_in_model(LoraConfig(r=4, target_modules=["to_q"]), block)
+    keys = set(block.state_dict())
+    assert convert_to_float8([block]) == 2
+    assert type(block.attn.to_q.base_layer) is Float8Linear  # PEFT's base layer converted
+    assert type(block.attn.to_q.lora_A["default"]) is nn.Linear  # the adapter is not
+    assert type(block.attn.to_out[0]) is Float8Linear
+    assert type(block.norm1.linear) is nn.Linear and type(block.odd) is nn.Linear
+    assert set(block.state_dict()) == keys  # fp8 copies are not state
+    assert convert_to_float8([block]) == 0  # idempotent
+
+
+def test_device_check_names_the_problem():
+    check_float8_device("cpu")  # emulated by torch
+    with pytest.raises(Float8Error, match="CUDA GPU or the CPU"):
+        check_float8_device("meta")
+
+
+STEPS = 4  # a behaviour log-prob depends only on its noise; the means are compared
+
+
+def _sample(adapter, group_size=3):
+    sp = SamplingParams(
+        group_size=group_size, num_steps=STEPS, height=32, width=32, sde_window=(0, 3), seed=7
+    )
+    prompts = [PromptSpec(group_id=n, text=f"a photo of {n}") for n in ("cat", "dog")]
+    return adapter.sample(prompts, sp, lease_id="l", worker_id="w", policy_version=0)
+
+
+def test_sd3_rollout_in_float8_samples_close_to_the_model_dtype(tiny_sd3_path, test_device):
+    lora = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}
+    load = lambda: SD3RolloutAdapter.from_pretrained(  # noqa: E731
+        tiny_sd3_path, device=test_device, dtype=torch.bfloat16, lora=lora, max_sequence_length=16
+    )
+    plain, fp8 = load(), load()
+    count = fp8.enable_float8()
+    layers = [m for m in fp8.transformer.modules() if isinstance(m, Float8Linear)]
+    assert count == len(layers) > 0
+    # the tiny model's LoRA update with a non-zero B: applies on top of the float8 base
+    torch.manual_seed(1)
+    update = {
+        k: torch.randn_like(v, dtype=torch.float32) * 0.05
+        for k, v in lora_state(plain.transformer).items()
+    }
+    for a in (plain, fp8):
+        a.load_weights("lora", update)
+    ref, got = _sample(plain), _sample(fp8)
+    for r, g in zip(ref, got, strict=True):
+        assert torch.isfinite(g.log_probs).all() and g.log_probs.dtype == torch.float32
+        assert torch.equal(g.latents[:, 0], r.latents[:, 0])  # same seeds, same x_T
+        # the same step noise on a mean moved by the float8 matmuls: close, not equal
+        rel = (g.next_latents - r.next_latents).norm() / r.next_latents.norm()
+        assert 0 < rel < 0.05, rel
+
+    # a full update re-quantises the float8 copies from the new parameters
+    before = layers[0].weight_fp8.float().clone()
+    state = full_state(fp8.transformer)
+    state = {k: v * 1.5 if v.is_floating_point() else v for k, v in state.items()}
+    fp8.load_weights("full", state)
+    assert not torch.equal(layers[0].weight_fp8.float(), before)
+    q, _ = quantize_rows(layers[0].weight)
+    assert torch.equal(layers[0].weight_fp8.float(), q.float())
