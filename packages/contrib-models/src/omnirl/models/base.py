@@ -107,6 +107,11 @@ class DiffusionRolloutAdapter(abc.ABC):
         compiled. A family without one raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no compiled backend")
 
+    def merge_lora(self) -> None:
+        """Fold the LoRA adapter into the base weights, now and after every LoRA update
+        (:mod:`omnirl.models.lora_merge`). A family without it raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot merge its LoRA adapter")
+
     def enable_float8(self) -> int:
         """Run the denoiser's block linear layers in float8 (:mod:`omnirl.models.float8`);
         return how many were converted. A family without it raises ``NotImplementedError``."""

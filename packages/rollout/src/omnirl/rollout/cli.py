@@ -49,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
         "faster, and log-probs further from the trainer's (the parity report shows how far)",
     )
     parser.add_argument(
+        "--lora-mode",
+        default="auto",
+        choices=["auto", "merged", "adapter"],
+        help="LoRA folded into the base weights after each update ('merged': forward passes "
+        "cost the base model's only) or a separate branch ('adapter'); auto: merged in "
+        "float32, an adapter in half precision and float8 (where a merge rounds it away)",
+    )
+    parser.add_argument(
         "--compile-cache",
         default=None,
         metavar="DIR",
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             compile_mode=args.compile_mode,
             compile_cache=args.compile_cache,
             float8=args.float8,
+            lora_mode=args.lora_mode,
             worker_id=args.worker_id,
             capacity=args.capacity,
             security=SecurityConfig.from_args(args),

@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnirl.protocol.messages import Lease, PromptSpec, SamplingParams, Welcome
 from omnirl.rollout.weights_inbox import ReadyUpdate
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("omnirl.rollout")
 
@@ -47,6 +50,34 @@ def lora_kwargs(welcome: Welcome, update: ReadyUpdate) -> dict[str, Any] | None:
     if "dropout" in lora:
         kwargs["lora_dropout"] = lora["dropout"]
     return kwargs
+
+
+LORA_MODES = ("auto", "merged", "adapter")
+
+
+def resolve_lora_mode(
+    mode: str, lora: dict[str, Any] | None, dtype: torch.dtype, *, float8: bool = False
+) -> str:
+    """How the rollout runs a LoRA adapter: ``"merged"`` into the base weights (forward
+    passes only pay for the base layers) or as a separate ``"adapter"`` branch.
+
+    ``"auto"``: merged for a float32 model without float8 layers and without DoRA, where the
+    merge is exact to float32 rounding; an adapter otherwise (a bf16 or float8 weight would
+    round a young adapter's small delta away). ``None`` for full-weight runs. Raises
+    ``ValueError`` for an unknown mode, or ``"merged"`` with a DoRA adapter.
+    """
+    import torch
+
+    if mode not in LORA_MODES:
+        raise ValueError(f"unknown LoRA mode {mode!r}; known: {list(LORA_MODES)}")
+    if lora is None:
+        return "none"
+    dora = bool(lora.get("use_dora"))
+    if mode == "merged" and dora:
+        raise ValueError("a DoRA adapter cannot be merged; use --lora-mode adapter")
+    if mode == "auto":
+        return "merged" if dtype == torch.float32 and not float8 and not dora else "adapter"
+    return mode
 
 
 def warmup_lease(welcome: Welcome, *, capacity: int = 1) -> tuple[list[PromptSpec], SamplingParams]:
@@ -88,6 +119,7 @@ class RolloutModel:
         compile_mode: str | None = None,
         compile_cache: str | None = None,
         float8: bool = False,
+        lora_mode: str = "auto",
         capacity: int = 1,
     ) -> RolloutModel:
         """Load ``welcome.model_path`` with the adapter shape the first update needs.
@@ -97,14 +129,16 @@ class RolloutModel:
         directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
         before compiling and written after the warm-up when absent. ``float8``: the
         denoiser's block linear layers in row-wise float8 (the adapter's ``enable_float8``).
+        ``lora_mode``: see :func:`resolve_lora_mode`.
         """
         from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import get_rollout_adapter
 
         torch_dtype = resolve_dtype(dtype)
         adapter_cls = get_rollout_adapter(welcome.architecture, algorithm_of(welcome))
+        lora = lora_kwargs(welcome, first)
         adapter = adapter_cls.from_pretrained(
-            welcome.model_path, device=device, dtype=torch_dtype, lora=lora_kwargs(welcome, first)
+            welcome.model_path, device=device, dtype=torch_dtype, lora=lora
         )
         log.info(
             "built %s for %s on %s (%s, weights %s)",
@@ -115,6 +149,9 @@ class RolloutModel:
             first.format,
         )
         model = cls(adapter, format=first.format)
+        if resolve_lora_mode(lora_mode, lora, torch_dtype, float8=float8) == "merged":
+            adapter.merge_lora()
+            log.info("LoRA merged into the base weights after every update")
         if float8:
             log.info("float8 linear layers: %d converted", adapter.enable_float8())
         if compile:

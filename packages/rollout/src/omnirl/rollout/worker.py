@@ -65,6 +65,7 @@ class RolloutWorkerConfig:
     compile_mode: str | None = None  # torch.compile mode; "reduce-overhead": CUDA graphs
     compile_cache: str | None = None  # persistent compile cache directory (shared by workers)
     float8: bool = False  # block linear layers in row-wise float8 (omnirl.models.float8)
+    lora_mode: str = "auto"  # "merged" | "adapter" | "auto" (merged in float32)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -215,6 +216,7 @@ class RolloutWorker:
                     compile_mode=cfg.compile_mode,
                     compile_cache=cfg.compile_cache,
                     float8=cfg.float8,
+                    lora_mode=cfg.lora_mode,
                     capacity=cfg.capacity,
                 ),
             )

@@ -29,6 +29,7 @@ from omnirl.models.float8 import (
     convert_to_float8,
     refresh_float8,
 )
+from omnirl.models.lora_merge import MergedLora
 from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.schedulers import (
     FlowMatchSDEScheduler,
@@ -85,6 +86,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.backend = "diffusers"
         self.compile_config: CompileConfig | None = None
         self.float8 = False
+        self.merged_lora: MergedLora | None = None
 
     def compile(self, config: CompileConfig) -> list[str]:
         """Switch to the ``"compiled"`` backend: each transformer block compiled.
@@ -97,6 +99,16 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.compile_config = config
         self.backend = "compiled"
         return names
+
+    def merge_lora(self) -> None:
+        """Run the LoRA adapter folded into the base weights (:mod:`omnirl.models.lora_merge`):
+        now if one exists, and after every LoRA update from here on (including the update
+        that creates it). Meant for float32 models; a bf16 merge rounds small deltas away."""
+        if self.lora_config is not None and self.lora_config.get("use_dora"):
+            raise WeightLoadError("a DoRA adapter cannot be merged; run it as an adapter")
+        self.merged_lora = MergedLora(self.transformer)
+        if self.lora_config is not None:
+            self.merged_lora.refresh()
 
     def enable_float8(self) -> int:
         """Convert the transformer blocks' linear layers to row-wise scaled float8
@@ -150,6 +162,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                     raise WeightLoadError(
                         "LoRA update for a model without a LoRA adapter and no adapter_config"
                     )
+                if self.merged_lora is not None and adapter_config.get("use_dora"):
+                    raise WeightLoadError("a DoRA adapter cannot be merged; run it as an adapter")
                 self.lora_config = add_lora(self.transformer, adapter_config)
                 self.transformer.to(self.device)
             targets = lora_targets(self.transformer)
@@ -158,6 +172,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         else:
             raise WeightLoadError(f"unknown weight format {format!r}; known: 'lora', 'full'")
         apply_named_tensors(targets, tensors, strict=True)
+        if format == "lora" and self.merged_lora is not None:
+            self.merged_lora.refresh()
         if format == "full" and self.float8:
             refresh_float8(self.transformer)
 
