@@ -113,3 +113,50 @@ def test_rollout_cli_offers_exactly_the_modes():
 
     action = next(a for a in build_parser()._actions if a.dest == "lora_mode")
     assert tuple(action.choices) == LORA_MODES and action.default == "auto"
+
+
+def _welcome(path, architecture):
+    from omnirl.protocol.messages import Topology, Welcome
+
+    addr = "tcp://127.0.0.1:1"
+    return Welcome(
+        worker_id="w",
+        run_id="r",
+        topology=Topology(control=addr, intake=addr, weights=addr),
+        policy_version=0,
+        model_path=str(path),
+        architecture=architecture,
+    )
+
+
+def _first_update(adapter_config):
+    from omnirl.rollout.weights_inbox import ReadyUpdate
+
+    return ReadyUpdate(
+        version=1, format="lora", tensors={}, adapter_config=adapter_config, update_checksum=""
+    )
+
+
+def test_worker_model_merges_by_capability(tiny_sd3_path):
+    from omnirl.models.registry import register_rollout_adapter
+    from omnirl.rollout.model import RolloutModel
+
+    first = _first_update(dict(LORA))
+    sd3 = _welcome(tiny_sd3_path, "StableDiffusion3Pipeline")
+    built = RolloutModel.build(sd3, first, device="cpu", dtype="float32")
+    assert built.adapter.merged_lora is not None  # auto, float32: merged
+    built = RolloutModel.build(sd3, first, device="cpu", dtype="float32", lora_mode="adapter")
+    assert built.adapter.merged_lora is None
+
+    @register_rollout_adapter("NoMergeTestPipeline")
+    class NoMerge:  # a family without the capability: auto keeps its branch
+        @classmethod
+        def from_pretrained(cls, path, *, device, dtype, lora):
+            return cls()
+
+    other = _welcome(tiny_sd3_path, "NoMergeTestPipeline")
+    assert isinstance(
+        RolloutModel.build(other, first, device="cpu", dtype="float32").adapter, NoMerge
+    )
+    with pytest.raises(ValueError, match="cannot merge"):
+        RolloutModel.build(other, first, device="cpu", dtype="float32", lora_mode="merged")

@@ -56,6 +56,7 @@ class DiffusionRolloutAdapter(abc.ABC):
     supports_lora: ClassVar[bool] = False
     supports_full: ClassVar[bool] = False
     supports_cfg: ClassVar[bool] = False
+    supports_lora_merge: ClassVar[bool] = False  # :meth:`merge_lora` (a forward-only rollout)
     sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance_sde", "ode")
 
     @classmethod

@@ -149,7 +149,12 @@ class RolloutModel:
             first.format,
         )
         model = cls(adapter, format=first.format)
-        if resolve_lora_mode(lora_mode, lora, torch_dtype, float8=float8) == "merged":
+        mode = resolve_lora_mode(lora_mode, lora, torch_dtype, float8=float8)
+        if mode == "merged" and not getattr(adapter_cls, "supports_lora_merge", False):
+            if lora_mode == "merged":
+                raise ValueError(f"--lora-mode merged: {adapter_cls.__name__} cannot merge LoRA")
+            mode = "adapter"  # auto: an adapter that cannot merge keeps its branch
+        if mode == "merged":
             adapter.merge_lora()
             log.info("LoRA merged into the base weights after every update")
         if float8:

@@ -63,6 +63,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
     supports_lora = True
     supports_full = True
     supports_cfg = True
+    supports_lora_merge = True
 
     def __init__(
         self,
