@@ -120,17 +120,18 @@ def _convertible(name: str, module: nn.Module) -> bool:
 
 
 def check_float8_device(device: torch.device | str) -> None:
-    """Raise :class:`Float8Error` unless ``device`` runs row-wise float8 matmuls
-    (a CUDA GPU of compute capability 8.9 or newer, or the CPU, where torch emulates them)."""
+    """Raise :class:`Float8Error` unless ``device`` runs row-wise float8 matmuls: a CUDA GPU
+    of compute capability 9.0 or newer (Hopper; the one measured is an H200), or the CPU,
+    where torch emulates them (tests)."""
     device = torch.device(device)
     if device.type == "cpu":
         return
     if device.type != "cuda":
         raise Float8Error(f"float8 linear layers need a CUDA GPU or the CPU, not {device}")
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
+    if (major, minor) < (9, 0):
         raise Float8Error(
-            f"float8 linear layers need compute capability 8.9 or newer (Ada, Hopper); "
+            f"float8 linear layers need compute capability 9.0 or newer (Hopper); "
             f"{torch.cuda.get_device_name(device)} is {major}.{minor}"
         )
 

@@ -63,7 +63,7 @@ def resolve_lora_mode(
 
     ``"auto"``: merged for a float32 model without float8 layers and without DoRA, where the
     merge is exact to float32 rounding; an adapter otherwise (a bf16 or float8 weight would
-    round a young adapter's small delta away). ``None`` for full-weight runs. Raises
+    round a young adapter's small delta away). ``"none"`` for full-weight runs. Raises
     ``ValueError`` for an unknown mode, or ``"merged"`` with a DoRA adapter.
     """
     import torch
