@@ -11,6 +11,9 @@ Precision: in float32 the merged layer agrees with the adapter's ``W0 x + scale 
 float32 rounding. In bf16 it does not: the delta of a young adapter is far below the
 resolution of a bf16 weight and would be rounded away, so half-precision rollouts keep the
 adapter unmerged (``omnirl.rollout.model``: ``lora_mode="auto"``).
+
+Memory: the base copies double the memory of the adapted layers' weights (small for the
+float32 models ``auto`` merges; a forced merge of a large model pays it in full).
 """
 
 from __future__ import annotations
