@@ -1,9 +1,10 @@
 """The rollout's LoRA as a branch against merged into the base weights, same model, one run.
 
-Loads the committed ShapesEval base model twice with the quick start's adapter (r 32, alpha
-64, attention and feed-forward), gives both the same random LoRA update, and times
-``ShapesT2IRolloutAdapter.sample`` on the quick start's leases (one group of 16, 10 steps, CFG
-3, SDE on steps 0-2) with the adapter as a branch and merged (``rollout --lora-mode``). Runs
+Loads the quick start's model twice with its adapter (``examples/shapes_flow_grpo.yaml``:
+``model.path``, ``model.lora``), gives both the same random LoRA update, and times
+``ShapesT2IRolloutAdapter.sample`` on leases of one group shaped by the same config
+(``data.group_size``, ``sampling``) with the adapter as a branch and merged
+(``rollout --lora-mode``). Runs
 alternate (branch, merged, branch, ...) after a warm-up, so load from other processes hits
 both sides alike; the table reports medians. Also checks that both sample the same latents.
 
@@ -28,29 +29,15 @@ from compare_report import replace_section  # noqa: E402
 from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter  # noqa: E402
 from omnirl.models.weights import lora_state  # noqa: E402
 from omnirl.protocol.messages import PromptSpec, SamplingParams  # noqa: E402
+from omnirl.trainer.config import LoraConfig, load_config  # noqa: E402
 
-MODEL = ROOT / "examples" / "checkpoints" / "shapes_t2i"
+CONFIG = ROOT / "examples" / "shapes_flow_grpo.yaml"
 PROMPTS = ROOT / "examples" / "prompts" / "shapes_train.jsonl"
-LORA = {
-    "r": 32,
-    "lora_alpha": 64,
-    "target_modules": [
-        "attn.to_q",
-        "attn.to_k",
-        "attn.to_v",
-        "attn.to_out.0",
-        "attn.add_q_proj",
-        "attn.add_k_proj",
-        "attn.add_v_proj",
-        "attn.to_add_out",
-        "ff.net.0.proj",
-        "ff.net.2",
-    ],
-}
 
 
-def build(merged: bool, update: dict[str, torch.Tensor] | None) -> ShapesT2IRolloutAdapter:
-    adapter = ShapesT2IRolloutAdapter.from_pretrained(MODEL, lora=LORA)
+def build(cfg, merged: bool, update: dict[str, torch.Tensor] | None) -> ShapesT2IRolloutAdapter:
+    lora = LoraConfig.peft_kwargs(cfg.model.lora)
+    adapter = ShapesT2IRolloutAdapter.from_pretrained(ROOT / cfg.model.path, lora=lora)
     if merged:
         adapter.merge_lora()
     if update is not None:
@@ -65,24 +52,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    cfg = load_config(CONFIG)
     gen = torch.Generator().manual_seed(0)
-    template = ShapesT2IRolloutAdapter.from_pretrained(MODEL, lora=LORA)
     update = {
         k: torch.randn(v.shape, generator=gen) * 0.02
-        for k, v in lora_state(template.transformer).items()
+        for k, v in lora_state(build(cfg, False, None).transformer).items()
     }
-    sides = {"branch": build(False, update), "merged": build(True, update)}
+    sides = {"branch": build(cfg, False, update), "merged": build(cfg, True, update)}
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:64]]
+    s = cfg.sampling
     sampling = SamplingParams(
-        group_size=16,
-        num_steps=10,
-        guidance_scale=3.0,
-        height=32,
-        width=32,
-        sde_window=(0, 3),
-        same_initial_noise=True,
+        group_size=cfg.data.group_size,
+        num_steps=s.num_steps,
+        guidance_scale=s.guidance_scale,
+        height=s.height,
+        width=s.width,
+        sde_window=tuple(s.sde_window) if s.sde_window is not None else None,
         seed=1,
+        **({} if s.same_initial_noise is None else {"same_initial_noise": s.same_initial_noise}),
     )
+    g = sampling.group_size
 
     def lease(i: int) -> list[PromptSpec]:
         row = rows[i % len(rows)]
@@ -100,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(1, args.repeats + 1):
         for name, adapter in sides.items():
             times[name].append(sample(adapter, i)[0])
-    rate = {k: 16 / statistics.median(v) for k, v in times.items()}
+    rate = {k: g / statistics.median(v) for k, v in times.items()}
     text = "\n".join(
         [
             f"Measured {time.strftime('%Y-%m-%d')}: `uv run python benchmarks/rollout_lora_mode.py "
             f"--repeats {args.repeats} --threads {args.threads}` (torch {torch.__version__}, "
-            f"{args.threads} thread(s)); leases of one group of 16, 10 steps, CFG 3.",
+            f"{args.threads} thread(s)); leases of one group of {g}, {s.num_steps} steps, "
+            f"CFG {s.guidance_scale:g} (`{CONFIG.relative_to(ROOT)}`).",
             "",
             "| LoRA in the rollout | samples/s (median) | vs branch |",
             "|---|---:|---:|",

@@ -100,9 +100,12 @@ def test_lora_mode_resolution():
     assert resolve_lora_mode("auto", {**LORA, "use_dora": True}, f32) == "adapter"
     assert resolve_lora_mode("merged", LORA, bf16) == "merged"  # asked for explicitly
     assert resolve_lora_mode("adapter", LORA, f32) == "adapter"
+    assert resolve_lora_mode("auto", LORA, f32, can_merge=False) == "adapter"
     assert resolve_lora_mode("auto", None, f32) == "none"  # full weights
     with pytest.raises(ValueError, match="DoRA"):
         resolve_lora_mode("merged", {**LORA, "use_dora": True}, f32)
+    with pytest.raises(ValueError, match="cannot be merged"):
+        resolve_lora_mode("merged", LORA, f32, can_merge=False)
     with pytest.raises(ValueError, match="unknown LoRA mode"):
         resolve_lora_mode("fused", LORA, f32)
 
@@ -158,5 +161,5 @@ def test_worker_model_merges_by_capability(tiny_sd3_path):
     assert isinstance(
         RolloutModel.build(other, first, device="cpu", dtype="float32").adapter, NoMerge
     )
-    with pytest.raises(ValueError, match="cannot merge"):
+    with pytest.raises(ValueError, match="cannot be merged"):
         RolloutModel.build(other, first, device="cpu", dtype="float32", lora_mode="merged")

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from omnirl.models.base import WeightLoadError
+from omnirl.models.float8 import Float8Linear
 from omnirl.models.weights import DEFAULT_ADAPTER
 
 
@@ -68,7 +69,6 @@ class MergedLora:
                     layer.merged_adapters.append(self.adapter)  # forward: base layer only
             delta = layer.get_delta_weight(self.adapter)
             base.weight.copy_((w0.float() + delta.float()).to(base.weight.dtype))
-            refresh = getattr(base, "refresh", None)  # a float8 layer re-quantises
-            if callable(refresh):
-                refresh()
+            if isinstance(base, Float8Linear):  # its float8 copy follows the new weight
+                base.refresh()
         return len(layers)

@@ -56,15 +56,21 @@ LORA_MODES = ("auto", "merged", "adapter")
 
 
 def resolve_lora_mode(
-    mode: str, lora: dict[str, Any] | None, dtype: torch.dtype, *, float8: bool = False
+    mode: str,
+    lora: dict[str, Any] | None,
+    dtype: torch.dtype,
+    *,
+    float8: bool = False,
+    can_merge: bool = True,
 ) -> str:
     """How the rollout runs a LoRA adapter: ``"merged"`` into the base weights (forward
     passes only pay for the base layers) or as a separate ``"adapter"`` branch.
 
     ``"auto"``: merged for a float32 model without float8 layers and without DoRA, where the
-    merge is exact to float32 rounding; an adapter otherwise (a bf16 or float8 weight would
-    round a young adapter's small delta away). ``"none"`` for full-weight runs. Raises
-    ``ValueError`` for an unknown mode, or ``"merged"`` with a DoRA adapter.
+    merge is exact to float32 rounding, if the adapter ``can_merge`` (its class's
+    ``supports_lora_merge``); an adapter otherwise (a bf16 or float8 weight would round a
+    young adapter's small delta away). ``"none"`` for full-weight runs. Raises
+    ``ValueError`` for an unknown mode, or ``"merged"`` with DoRA or an adapter that cannot.
     """
     import torch
 
@@ -73,10 +79,12 @@ def resolve_lora_mode(
     if lora is None:
         return "none"
     dora = bool(lora.get("use_dora"))
-    if mode == "merged" and dora:
-        raise ValueError("a DoRA adapter cannot be merged; use --lora-mode adapter")
+    if mode == "merged" and (dora or not can_merge):
+        what = "a DoRA adapter" if dora else "this model family's adapter"
+        raise ValueError(f"--lora-mode merged: {what} cannot be merged; use adapter")
     if mode == "auto":
-        return "merged" if dtype == torch.float32 and not float8 and not dora else "adapter"
+        merge = can_merge and dtype == torch.float32 and not float8 and not dora
+        return "merged" if merge else "adapter"
     return mode
 
 
@@ -149,11 +157,8 @@ class RolloutModel:
             first.format,
         )
         model = cls(adapter, format=first.format)
-        mode = resolve_lora_mode(lora_mode, lora, torch_dtype, float8=float8)
-        if mode == "merged" and not getattr(adapter_cls, "supports_lora_merge", False):
-            if lora_mode == "merged":
-                raise ValueError(f"--lora-mode merged: {adapter_cls.__name__} cannot merge LoRA")
-            mode = "adapter"  # auto: an adapter that cannot merge keeps its branch
+        can_merge = bool(getattr(adapter_cls, "supports_lora_merge", False))
+        mode = resolve_lora_mode(lora_mode, lora, torch_dtype, float8=float8, can_merge=can_merge)
         if mode == "merged":
             adapter.merge_lora()
             log.info("LoRA merged into the base weights after every update")
