@@ -163,3 +163,16 @@ def test_worker_model_merges_by_capability(tiny_sd3_path):
     )
     with pytest.raises(ValueError, match="cannot be merged"):
         RolloutModel.build(other, first, device="cpu", dtype="float32", lora_mode="merged")
+
+
+def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path):
+    from omnirl.models.float8 import Float8Linear, quantize_rows
+
+    adapter = _load(tiny_sd3_path)
+    adapter.enable_float8()
+    adapter.merge_lora()
+    adapter.load_weights("lora", _update(adapter, 1))
+    bases = [m.get_base_layer() for m in _layers(adapter)]
+    assert bases and all(isinstance(b, Float8Linear) for b in bases)
+    for base in bases:  # the float8 copy follows the merged weight
+        assert torch.equal(base.weight_fp8.float(), quantize_rows(base.weight)[0].float())
