@@ -15,8 +15,8 @@
 # The runs are small and launch-bound, so they share one GPU at little cost; each renders
 # its own data in 6 processes. Every minute each evaluates its EMA model on 240
 # held-out and 120 train prompts (10 ODE steps, CFG 3) and keeps a snapshot. At the end
-# the script keeps, per run, the snapshots nearest held-out strict 0.25 and 0.35 and the last
-# one, in tarballs of at most 15 MB (the device tool returns at most 8 files of 16 MB), and
+# the script keeps, per run, the snapshots nearest held-out strict KEEP_NEAR (default 0.25,0.35)
+# and the last KEEP_LAST (default 1), in tarballs of at most 15 MB (the device tool returns at most 8 files of 16 MB), and
 # the logs in logs.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,8 @@ DEVICE=${DEVICE:-cuda}
 EVAL_HELDOUT=${EVAL_HELDOUT:-240}
 EVAL_TRAIN=${EVAL_TRAIN:-120}
 WORK=${WORK:-/tmp/shapes_pretrain}
-RUNS=${RUNS:-"latent latent_small"}  # presets, one run each, side by side
+# one run each, side by side: PRESET or PRESET:CAPTION_NOISE (shapes_caption_noise)
+RUNS=${RUNS:-"latent latent_small"}
 THREADS=${THREADS:-1}  # torch threads per run (DEVICE=cpu: the cores it may use)
 WORKERS=${WORKERS:-6}  # render processes per run
 EVAL_EVERY=${EVAL_EVERY:-1}  # minutes
@@ -45,16 +46,23 @@ run() {
         --eval-prompts "$EVAL_HELDOUT" --eval-train-prompts "$EVAL_TRAIN" --log-every 200 \
         "$@" >"$WORK/$name.log" 2>&1 &
 }
-for preset in $RUNS; do
-    run "$preset" --preset "$preset" --batch 256 --lr 1e-3
+for spec in $RUNS; do
+    preset=${spec%%:*}
+    noise=0
+    [[ $spec == *:* ]] && noise=${spec#*:}
+    name=$preset
+    [[ $noise != 0 ]] && name=${preset}_noise${noise}
+    run "$name" --preset "$preset" --batch 256 --lr 1e-3 --caption-noise "$noise"
 done
 wait
 
-python3 - "$WORK" "$OUT" <<'PY'
+python3 - "$WORK" "$OUT" "${KEEP_NEAR:-0.25,0.35}" "${KEEP_LAST:-1}" <<'PY'
 import json, shutil, subprocess, sys
 from pathlib import Path
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
+KEEP_NEAR = [float(x) for x in sys.argv[3].split(",") if x]
+KEEP_LAST = int(sys.argv[4])
 for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_file()):
     rows = [json.loads(l) for l in (run / "pretrain_log.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["event"] == "eval"]
@@ -62,8 +70,8 @@ for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_fil
         print(run.name, r["step"], r["train_minutes"], r["heldout_strict"], r.get("train_strict"))
     if not evals:
         continue
-    keep = {min(evals, key=lambda r: abs(r["heldout_strict"] - t))["step"] for t in (0.25, 0.35)}
-    keep.add(evals[-1]["step"])
+    keep = {min(evals, key=lambda r: abs(r["heldout_strict"] - t))["step"] for t in KEEP_NEAR}
+    keep.update(r["step"] for r in evals[-KEEP_LAST:])
     shutil.copy(run / "pretrain_log.jsonl", work / f"{run.name}_log.jsonl")
     chunks, size = [[]], 0
     for name in (f"step_{s:07d}" for s in sorted(keep)):

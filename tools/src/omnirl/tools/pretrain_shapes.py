@@ -36,6 +36,7 @@ from omnirl.models.shapes_t2i import PRESETS, ShapesT2IRolloutAdapter, build_pip
 from omnirl.reward.shapes import CATEGORIES, generate_prompts, render_batch, specs_in_split
 from omnirl.reward.shapes.world import all_specs
 from omnirl.tools.eval_shapes import evaluate, summarise
+from omnirl.tools.shapes_caption_noise import drawn_specs
 
 CFG_DROPOUT = 0.1
 
@@ -48,13 +49,16 @@ def shapes_vocabulary() -> list[str]:
 class TrainBatches(torch.utils.data.IterableDataset):
     """Endless batches of train-split renders: ``(texts, images uint8 [B, 32, 32, 3])``.
 
-    Categories are balanced; every image gets a fresh random seed. Each DataLoader worker
+    Categories are balanced; every image gets a fresh random seed. With ``caption_noise``
+    > 0 that fraction of the images is drawn from a mislabelled spec
+    (:mod:`omnirl.tools.shapes_caption_noise`) under its unchanged caption. Each DataLoader worker
     draws from its own generator (``seed``, worker id), so workers never repeat each other.
     """
 
-    def __init__(self, batch: int, seed: int):
+    def __init__(self, batch: int, seed: int, caption_noise: float = 0.0):
         self.batch_size = batch
         self.seed = seed
+        self.caption_noise = caption_noise
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -64,13 +68,14 @@ class TrainBatches(torch.utils.data.IterableDataset):
             cats = rng.integers(0, len(pools), size=self.batch_size)
             specs = [pools[c][rng.integers(0, len(pools[c]))] for c in cats]
             seeds = rng.integers(0, 2**62, size=self.batch_size).tolist()
-            yield [s.text for s in specs], torch.from_numpy(render_batch(specs, 32, seeds))
+            drawn = drawn_specs(specs, self.caption_noise, rng)
+            yield [s.text for s in specs], torch.from_numpy(render_batch(drawn, 32, seeds))
 
 
-def train_batches(batch: int, seed: int, workers: int):
+def train_batches(batch: int, seed: int, workers: int, caption_noise: float = 0.0):
     """An iterator over :class:`TrainBatches`, rendered in ``workers`` processes (0: inline)."""
     loader = torch.utils.data.DataLoader(
-        TrainBatches(batch, seed),
+        TrainBatches(batch, seed, caption_noise),
         batch_size=None,
         num_workers=workers,
         prefetch_factor=4 if workers else None,
@@ -136,10 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         "--vae-minutes", type=float, default=1.5, help="latent presets: VAE stage first"
     )
     parser.add_argument("--vae-lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--caption-noise",
+        type=float,
+        default=0.0,
+        help="fraction of images drawn with one caption error (shapes_caption_noise)",
+    )
     parser.add_argument("--log-every", type=int, default=20, help="steps between log lines")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.minutes <= 0:
         parser.error("--batch must be >= 1 and --minutes > 0")
+    if not 0.0 <= args.caption_noise <= 1.0:
+        parser.error(f"--caption-noise must be in [0, 1], got {args.caption_noise}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed).to(dev)
-    data = train_batches(args.batch, args.seed, args.workers)
+    data = train_batches(args.batch, args.seed, args.workers, args.caption_noise)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = args.out_dir / "pretrain_log.jsonl"
     log_path.write_text("")
