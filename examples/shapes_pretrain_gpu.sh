@@ -15,9 +15,9 @@
 # The runs are small and launch-bound, so they share one GPU at little cost; each renders
 # its own data in 6 processes. Every minute each evaluates its EMA model on 240
 # held-out and 120 train prompts (10 ODE steps, CFG 3) and keeps a snapshot. At the end
-# the script keeps, per run, the snapshots nearest held-out strict KEEP_NEAR (default 0.25,0.35)
-# and the last KEEP_LAST (default 1), in tarballs of at most 15 MB (the device tool returns at most 8 files of 16 MB), and
-# the logs in logs.tgz.
+# the script keeps, per run, the snapshots nearest the held-out strict accuracies in KEEP_NEAR
+# (default 0.25,0.35) and the last KEEP_LAST (default 1), in tarballs of at most 15 MB (the
+# device tool returns at most 8 files of 16 MB), and the logs in logs.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/pretrain_gpu}

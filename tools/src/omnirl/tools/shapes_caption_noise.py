@@ -55,7 +55,7 @@ def mislabel(spec: ShapeSpec, rng: np.random.Generator) -> tuple[ShapeSpec, str]
         drawn = dataclasses.replace(o, count=_pick(rng, counts))
         return dataclasses.replace(spec, objects=(drawn,)), kind
     if kind == "extra":
-        if len(objects) == 1:  # a second object of another shape, coloured like the first
+        if len(objects) == 1:  # a second object of another shape (coloured if the first is)
             o = objects[0]
             colour = _pick(rng, COLOURS) if o.colour is not None else None
             other = ShapeObject(1, colour, _pick(rng, (s for s in SHAPES if s != o.shape)))
@@ -68,14 +68,14 @@ def mislabel(spec: ShapeSpec, rng: np.random.Generator) -> tuple[ShapeSpec, str]
         )
         return dataclasses.replace(spec, objects=grown), kind
     if kind == "missing":
-        o = objects[int(rng.integers(len(objects)))]
+        o = objects[int(rng.integers(len(objects)))]  # two-object categories: count 1
         category = "colors" if o.colour is not None else "single_object"
-        return ShapeSpec(category, (dataclasses.replace(o, count=1),)), kind
+        return ShapeSpec(category, (o,)), kind
     if kind == "relation":
         relation = _pick(rng, (r for r in RELATIONS if r != spec.relation))
         return dataclasses.replace(spec, relation=relation), kind
     if kind == "colour":
-        if len(objects) == 2 and objects[0].colour != objects[1].colour:
+        if len(objects) == 2:  # position / color_attr: the two colours always differ
             a, b = objects
             swapped = (
                 dataclasses.replace(a, colour=b.colour),
