@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -51,23 +48,25 @@ from gpu_sd35m_setup import (
     build_vae,
     dynamo_counts,
 )
+from gpu_sd35m_warm_start import measure_warm_start, warm_start_child
 
 from omnirl.models.device import ATTENTION_BACKENDS as SDPA_BACKENDS
 from omnirl.models.device import attention_backend as sdpa_context
 
-# Rough GPU seconds each stage needs (compiles dominate); tiny runs scale them by 1/20.
-ESTIMATES = {
-    "baseline": 40,
-    "omnirl_eager": 10,
-    "compile_rollout": 90,
-    "train_eager": 15,
-    "compile_train": 150,
-    "iterations": 25,
-    "train_kl": 60,
-    "warm_start": 45,
-    "checkpointing": 120,
-    "profile": 30,
-    "fp8": 90,
+# Stages in run order: (rough GPU seconds it needs, compiles dominating; the stage it needs).
+# Tiny runs scale the seconds by 1/20.
+STAGES: dict[str, tuple[float, str | None]] = {
+    "baseline": (40, None),
+    "omnirl_eager": (10, None),
+    "compile_rollout": (90, None),
+    "train_eager": (15, "compile_rollout"),
+    "compile_train": (150, "compile_rollout"),
+    "iterations": (25, "compile_train"),
+    "train_kl": (60, "compile_train"),
+    "profile": (30, "train_kl"),
+    "fp8": (90, "train_kl"),
+    "warm_start": (45, "compile_rollout"),
+    "checkpointing": (120, "compile_train"),
 }
 
 
@@ -399,30 +398,7 @@ class Bench:
         self.sync_weights()
 
     def stage_warm_start(self) -> None:
-        from omnirl.models.compile_cache import save_artifacts
-
-        art = Path(tempfile.mkdtemp()) / "artifacts.bin"
-        size = save_artifacts(art)
-        a = self.args
-        cmd = [sys.executable, "-u", __file__, "--warm-start-child", str(art)]
-        cmd += ["--device", a.device, "--dtype", a.dtype, "--threads", str(a.threads)]
-        cmd += ["--compile-backend", a.compile_backend] + (["--tiny"] if a.tiny else [])
-        cmd += ["--compile-mode", a.compile_mode] if a.compile_mode else []
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp())  # an empty cache
-        start = time.time()
-        proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=max(30, self.budget.left() - 5)
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("WARMSTART ")]
-        if proc.returncode or not lines:
-            raise RuntimeError(f"warm-start child failed ({proc.returncode}): {proc.stderr[-800:]}")
-        child = json.loads(lines[-1][len("WARMSTART ") :])
-        self.report.add(
-            "warm_start",
-            artifacts_bytes=size,
-            process_to_first_group_s=child["end"] - start,
-            **{k: v for k, v in child.items() if k.endswith("_s")},
-        )
+        self.report.add("warm_start", **measure_warm_start(self.args, self.budget.left() - 5))
 
     def _free(self) -> None:
         import gc
@@ -430,28 +406,6 @@ class Bench:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def warm_start_child(args) -> int:
-    """A joining rollout worker: load the artifacts, build, compile, first group."""
-    from omnirl.models.compile_cache import load_artifacts
-
-    marks = {"start": time.time()}
-    loaded = load_artifacts(args.warm_start_child)
-    marks["artifacts_s"] = time.time() - marks["start"]
-    bench = Bench(args, Report(None))
-    t = time.time()
-    bench.build_omnirl(trainer=False)
-    marks["build_s"] = time.time() - t
-    t = time.time()
-    bench.rollout.compile(bench.compile_config())
-    bench.sample()
-    marks["end"] = time.time()
-    marks["compile_and_first_group_s"] = marks["end"] - t
-    _, marks["second_group_s"] = bench.sample()
-    marks["loaded"] = loaded
-    print("WARMSTART " + json.dumps(marks), flush=True)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -495,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.warm_start_child:
-        return warm_start_child(args)
+        return warm_start_child(args, Bench(args, Report(None)))
     report = Report.load(Path(args.from_jsonl)) if args.from_jsonl else run(args)
     if args.write_docs:
         report.write_docs(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md")
@@ -527,35 +481,17 @@ def run(args) -> Report:
         lora_r=s.lora_r,
     )
     bench.budget = budget = Budget(args.budget_s, 1 / 20 if args.tiny else 1.0)
-    order = [
-        "baseline",
-        "omnirl_eager",
-        "compile_rollout",
-        "train_eager",
-        "compile_train",
-        "iterations",
-        "train_kl",
-        "profile",
-        "fp8",
-        "warm_start",
-        "checkpointing",
-    ]
-    wanted = order if args.stages == "all" else args.stages.split(",")
-    needs = {
-        "train_eager": "compile_rollout",
-        "compile_train": "compile_rollout",
-        "iterations": "compile_train",
-        "train_kl": "compile_train",
-        "checkpointing": "compile_train",
-        "warm_start": "compile_rollout",
-        "profile": "train_kl",
-        "fp8": "train_kl",
-    }
+    wanted = list(STAGES) if args.stages == "all" else args.stages.split(",")
+    unknown = sorted(set(wanted) - set(STAGES))
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}")
     done: set[str] = set()
-    for name in (n for n in order if n in wanted):
-        estimate = ESTIMATES[name] * budget.scale
-        if needs.get(name) and needs[name] not in done:
-            report.skip(name, f"needs {needs[name]}")
+    for name, (seconds, needs) in STAGES.items():
+        if name not in wanted:
+            continue
+        estimate = seconds * budget.scale
+        if needs and needs not in done:
+            report.skip(name, f"needs {needs}")
             continue
         if budget.left() < estimate:
             report.skip(name, f"budget: {budget.left():.0f} s left, about {estimate:.0f} s needed")
