@@ -458,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> Report:
+    wanted = list(STAGES) if args.stages == "all" else args.stages.split(",")
+    unknown = sorted(set(wanted) - set(STAGES))
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}")
     out = Path(args.out)
     report = Report(out, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     bench = Bench(args, report)
@@ -481,10 +485,6 @@ def run(args) -> Report:
         lora_r=s.lora_r,
     )
     bench.budget = budget = Budget(args.budget_s, 1 / 20 if args.tiny else 1.0)
-    wanted = list(STAGES) if args.stages == "all" else args.stages.split(",")
-    unknown = sorted(set(wanted) - set(STAGES))
-    if unknown:
-        raise SystemExit(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}")
     done: set[str] = set()
     for name, (seconds, needs) in STAGES.items():
         if name not in wanted:
