@@ -28,6 +28,7 @@ EVAL_HELDOUT=${EVAL_HELDOUT:-240}
 EVAL_TRAIN=${EVAL_TRAIN:-120}
 WORK=${WORK:-/tmp/shapes_pretrain}
 # one run each, side by side: PRESET or PRESET:CAPTION_NOISE (shapes_caption_noise)
+# [CAPTION_KINDS: the error kinds the noise may draw, comma-separated; default all]
 RUNS=${RUNS:-"latent latent_small"}
 THREADS=${THREADS:-1}  # torch threads per run (DEVICE=cpu: the cores it may use)
 WORKERS=${WORKERS:-6}  # render processes per run
@@ -52,7 +53,8 @@ for spec in $RUNS; do
     [[ $spec == *:* ]] && noise=${spec#*:}
     name=$preset
     [[ $noise != 0 ]] && name=${preset}_noise${noise}
-    run "$name" --preset "$preset" --batch 256 --lr 1e-3 --caption-noise "$noise"
+    run "$name" --preset "$preset" --batch 256 --lr 1e-3 --caption-noise "$noise" \
+        --caption-noise-kinds "${CAPTION_KINDS:-extra,missing,miscount,relation,colour}"
 done
 wait
 

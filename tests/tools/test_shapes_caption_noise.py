@@ -58,3 +58,21 @@ def test_drawn_specs_mislabel_at_the_given_rate_and_keep_the_rest():
     assert drawn_specs(specs, 0.0, rng) == specs
     with pytest.raises(ValueError, match="caption noise rate"):
         drawn_specs(specs, 1.5, rng)
+
+
+def test_kinds_restrict_the_errors_and_unknown_kinds_are_refused():
+    rng = np.random.default_rng(3)
+    structural = ("extra", "missing", "miscount")
+    for category in CATEGORIES:
+        for spec in specs_in_split(category, "train")[:20]:
+            drawn, kind = mislabel(spec, rng, structural)
+            assert kind in structural and drawn != spec  # every category has one that fits
+            bindings = {o.shape: o.colour for o in spec.objects}  # shapes of a spec differ
+            assert all(bindings.get(o.shape, o.colour) == o.colour for o in drawn.objects)
+            assert drawn.relation in (spec.relation, None)
+    colour_only = [s for s in specs_in_split("counting", "train")]  # counting has no colour error
+    assert mislabel(colour_only[0], rng, ("colour",)) == (colour_only[0], "none")
+    with pytest.raises(ValueError, match="error kinds"):
+        drawn_specs(colour_only, 0.5, rng, ("colour", "typo"))
+    with pytest.raises(ValueError, match="error kinds"):
+        drawn_specs(colour_only, 0.5, rng, ())

@@ -36,7 +36,7 @@ from omnirl.models.shapes_t2i import PRESETS, ShapesT2IRolloutAdapter, build_pip
 from omnirl.reward.shapes import CATEGORIES, generate_prompts, render_batch, specs_in_split
 from omnirl.reward.shapes.world import all_specs
 from omnirl.tools.eval_shapes import evaluate, summarise
-from omnirl.tools.shapes_caption_noise import drawn_specs
+from omnirl.tools.shapes_caption_noise import ALL_KINDS, check_kinds, drawn_specs
 
 CFG_DROPOUT = 0.1
 
@@ -51,14 +51,22 @@ class TrainBatches(torch.utils.data.IterableDataset):
 
     Categories are balanced; every image gets a fresh random seed. With ``caption_noise``
     > 0 that fraction of the images is drawn from a mislabelled spec
-    (:mod:`omnirl.tools.shapes_caption_noise`) under its unchanged caption. Each DataLoader worker
+    (:mod:`omnirl.tools.shapes_caption_noise`, errors of ``caption_noise_kinds``) under its
+    unchanged caption. Each DataLoader worker
     draws from its own generator (``seed``, worker id), so workers never repeat each other.
     """
 
-    def __init__(self, batch: int, seed: int, caption_noise: float = 0.0):
+    def __init__(
+        self,
+        batch: int,
+        seed: int,
+        caption_noise: float = 0.0,
+        caption_noise_kinds: tuple[str, ...] = ALL_KINDS,
+    ):
         self.batch_size = batch
         self.seed = seed
         self.caption_noise = caption_noise
+        self.caption_noise_kinds = check_kinds(caption_noise_kinds)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -68,14 +76,20 @@ class TrainBatches(torch.utils.data.IterableDataset):
             cats = rng.integers(0, len(pools), size=self.batch_size)
             specs = [pools[c][rng.integers(0, len(pools[c]))] for c in cats]
             seeds = rng.integers(0, 2**62, size=self.batch_size).tolist()
-            drawn = drawn_specs(specs, self.caption_noise, rng)
+            drawn = drawn_specs(specs, self.caption_noise, rng, self.caption_noise_kinds)
             yield [s.text for s in specs], torch.from_numpy(render_batch(drawn, 32, seeds))
 
 
-def train_batches(batch: int, seed: int, workers: int, caption_noise: float = 0.0):
+def train_batches(
+    batch: int,
+    seed: int,
+    workers: int,
+    caption_noise: float = 0.0,
+    caption_noise_kinds: tuple[str, ...] = ALL_KINDS,
+):
     """An iterator over :class:`TrainBatches`, rendered in ``workers`` processes (0: inline)."""
     loader = torch.utils.data.DataLoader(
-        TrainBatches(batch, seed, caption_noise),
+        TrainBatches(batch, seed, caption_noise, caption_noise_kinds),
         batch_size=None,
         num_workers=workers,
         prefetch_factor=4 if workers else None,
@@ -147,12 +161,23 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="fraction of images drawn with one caption error (shapes_caption_noise)",
     )
+    parser.add_argument(
+        "--caption-noise-kinds",
+        default=",".join(ALL_KINDS),
+        help="comma-separated error kinds --caption-noise may draw (default: all: "
+        + ",".join(ALL_KINDS)
+        + ")",
+    )
     parser.add_argument("--log-every", type=int, default=20, help="steps between log lines")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.minutes <= 0:
         parser.error("--batch must be >= 1 and --minutes > 0")
     if not 0.0 <= args.caption_noise <= 1.0:
         parser.error(f"--caption-noise must be in [0, 1], got {args.caption_noise}")
+    try:
+        kinds = check_kinds(tuple(k for k in args.caption_noise_kinds.split(",") if k))
+    except ValueError as err:
+        parser.error(f"--caption-noise-kinds: {err}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -161,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed).to(dev)
-    data = train_batches(args.batch, args.seed, args.workers, args.caption_noise)
+    data = train_batches(args.batch, args.seed, args.workers, args.caption_noise, kinds)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = args.out_dir / "pretrain_log.jsonl"
     log_path.write_text("")

@@ -45,9 +45,29 @@ def _pick(rng: np.random.Generator, options) -> object:
     return options[int(rng.integers(len(options)))]
 
 
-def mislabel(spec: ShapeSpec, rng: np.random.Generator) -> tuple[ShapeSpec, str]:
-    """``(drawn_spec, kind)``: a spec that differs from ``spec`` by one caption error."""
-    kind = _pick(rng, ERROR_KINDS[spec.category])
+ALL_KINDS: tuple[str, ...] = ("extra", "missing", "miscount", "relation", "colour")
+
+
+def check_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """``kinds`` if every one is an error kind and there is at least one, else ``ValueError``."""
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
+    if unknown or not kinds:
+        raise ValueError(
+            f"caption error kinds must be a non-empty subset of {list(ALL_KINDS)}, got "
+            f"{list(kinds)}"
+        )
+    return tuple(kinds)
+
+
+def mislabel(
+    spec: ShapeSpec, rng: np.random.Generator, kinds: tuple[str, ...] = ALL_KINDS
+) -> tuple[ShapeSpec, str]:
+    """``(drawn_spec, kind)``: a spec that differs from ``spec`` by one caption error, of a
+    kind in ``kinds`` that fits the category; ``(spec, "none")`` if none fits."""
+    options = [k for k in ERROR_KINDS[spec.category] if k in kinds]
+    if not options:
+        return spec, "none"
+    kind = _pick(rng, options)
     objects = spec.objects
     if kind == "miscount":
         (o,) = objects
@@ -92,12 +112,18 @@ def mislabel(spec: ShapeSpec, rng: np.random.Generator) -> tuple[ShapeSpec, str]
     raise AssertionError(kind)
 
 
-def drawn_specs(specs: list[ShapeSpec], rate: float, rng: np.random.Generator) -> list[ShapeSpec]:
+def drawn_specs(
+    specs: list[ShapeSpec],
+    rate: float,
+    rng: np.random.Generator,
+    kinds: tuple[str, ...] = ALL_KINDS,
+) -> list[ShapeSpec]:
     """The specs to render for captions ``specs``: each one mislabelled with probability
-    ``rate`` (0: the captions exactly)."""
+    ``rate`` (0: the captions exactly) by an error of one of ``kinds``."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"caption noise rate must be in [0, 1], got {rate}")
+    kinds = check_kinds(kinds)
     if rate == 0.0:
         return list(specs)
     noisy = rng.random(len(specs)) < rate
-    return [mislabel(s, rng)[0] if n else s for s, n in zip(specs, noisy, strict=True)]
+    return [mislabel(s, rng, kinds)[0] if n else s for s, n in zip(specs, noisy, strict=True)]
