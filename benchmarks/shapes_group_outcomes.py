@@ -43,9 +43,9 @@ def group_stats(scores) -> tuple[float, float, float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omnirl.protocol.messages import PromptSpec, SamplingParams
+    from omnirl.protocol.messages import SamplingParams
     from omnirl.reward.shapes import score_batch
-    from omnirl.tools.eval_shapes import load_adapter, load_prompt_file
+    from omnirl.tools.eval_shapes import load_adapter, load_prompt_file, sample_specs
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="a ShapesT2I folder")
@@ -80,18 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             record_images=True,
             **mode,
         )
-        rows = []
-        for start in range(0, len(specs), 16):
-            chunk = specs[start : start + 16]
-            prompts = [
-                PromptSpec(group_id=f"g{start + j}", text=s.text, metadata=s.to_metadata())
-                for j, s in enumerate(chunk)
-            ]
-            groups = adapter.sample(
-                prompts, sampling, lease_id="d", worker_id="d", policy_version=0
-            )
-            for group, spec in zip(groups, chunk, strict=True):
-                rows.append(group_stats(score_batch(group.images.numpy(), spec)))
+        groups = sample_specs(adapter, specs, sampling, batch_prompts=16, tag="g")
+        rows = [group_stats(score_batch(g.images.numpy(), spec)) for g, spec in groups]
         mean = np.array(rows).mean(axis=0)
         print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in mean) + " |")
     return 0

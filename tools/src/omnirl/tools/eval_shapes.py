@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def evaluate(
     batch_prompts: int = 32,
 ) -> EvalRun:
     """Sample ``seeds`` images of every spec with a rollout adapter and score them."""
-    from omnirl.protocol.messages import PromptSpec, SamplingParams
+    from omnirl.protocol.messages import SamplingParams
 
     sampling = SamplingParams(
         group_size=seeds,
@@ -87,22 +88,32 @@ def evaluate(
     strict = np.zeros((len(specs), seeds), dtype=bool)
     partial = np.zeros((len(specs), seeds), dtype=np.float64)
     images = np.zeros((len(specs), seeds, image_size, image_size, 3), dtype=np.uint8)
+    groups = sample_specs(adapter, specs, sampling, batch_prompts=batch_prompts, tag="eval")
+    for i, (group, spec) in enumerate(groups):
+        imgs = group.images.numpy()
+        images[i] = imgs
+        for k, sc in enumerate(score_batch(imgs, spec)):
+            strict[i, k] = sc.strict
+            partial[i, k] = sc.partial
+    return EvalRun(specs, strict, partial, images, time.perf_counter() - t0)
+
+
+def sample_specs(
+    adapter, specs: list[ShapeSpec], sampling, *, batch_prompts: int = 32, tag: str = "eval"
+) -> Iterator[tuple[Any, ShapeSpec]]:
+    """``(group, spec)`` for every spec in order: one group of ``sampling.group_size`` images
+    each, sampled by the rollout adapter ``batch_prompts`` prompts at a time. Group ids are
+    ``f"{tag}-{index}"`` (the per-sample noise seeds follow from them)."""
+    from omnirl.protocol.messages import PromptSpec
+
     for start in range(0, len(specs), batch_prompts):
         chunk = specs[start : start + batch_prompts]
         prompts = [
-            PromptSpec(group_id=f"eval-{start + j}", text=s.text, metadata=s.to_metadata())
+            PromptSpec(group_id=f"{tag}-{start + j}", text=s.text, metadata=s.to_metadata())
             for j, s in enumerate(chunk)
         ]
-        groups = adapter.sample(
-            prompts, sampling, lease_id="eval", worker_id="eval", policy_version=0
-        )
-        for j, (group, spec) in enumerate(zip(groups, chunk, strict=True)):
-            imgs = group.images.numpy()
-            images[start + j] = imgs
-            for k, sc in enumerate(score_batch(imgs, spec)):
-                strict[start + j, k] = sc.strict
-                partial[start + j, k] = sc.partial
-    return EvalRun(specs, strict, partial, images, time.perf_counter() - t0)
+        groups = adapter.sample(prompts, sampling, lease_id=tag, worker_id=tag, policy_version=0)
+        yield from zip(groups, chunk, strict=True)
 
 
 def bootstrap_ci(values: np.ndarray, *, seed: int = 0) -> tuple[float, float]:

@@ -66,7 +66,7 @@ class TrainBatches(torch.utils.data.IterableDataset):
         self.batch_size = batch
         self.seed = seed
         self.caption_noise = caption_noise
-        self.caption_noise_kinds = check_kinds(caption_noise_kinds)
+        self.caption_noise_kinds = tuple(caption_noise_kinds)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()

@@ -82,7 +82,8 @@ def rendered_pair(
 
 def sampled_pairs(adapter, specs: list[ShapeSpec], args: argparse.Namespace) -> list[Any]:
     """Per spec, (chosen, rejected, scores) from ``args.group`` model samples, or None on a tie."""
-    from omnirl.protocol.messages import PromptSpec, SamplingParams
+    from omnirl.protocol.messages import SamplingParams
+    from omnirl.tools.eval_shapes import sample_specs
     from omnirl.trainer.algorithms.diffusion_dpo import preference_pair
 
     sampling = SamplingParams(
@@ -97,25 +98,18 @@ def sampled_pairs(adapter, specs: list[ShapeSpec], args: argparse.Namespace) -> 
         record_latents=False,
     )
     out = []
-    for start in range(0, len(specs), args.batch_prompts):
-        chunk = specs[start : start + args.batch_prompts]
-        prompts = [
-            PromptSpec(group_id=f"pref-{start + j}", text=s.text, metadata=s.to_metadata())
-            for j, s in enumerate(chunk)
-        ]
-        groups = adapter.sample(
-            prompts, sampling, lease_id="pref", worker_id="pref", policy_version=0
-        )
-        for group, spec in zip(groups, chunk, strict=True):
-            images = group.images.numpy()
-            partial = [s.partial for s in score_batch(images, spec)]
-            pair = preference_pair(partial)
-            if pair is None:
-                out.append(None)
-                continue
+    groups = sample_specs(adapter, specs, sampling, batch_prompts=args.batch_prompts, tag="pref")
+    for i, (group, spec) in enumerate(groups):
+        images = group.images.numpy()
+        partial = [s.partial for s in score_batch(images, spec)]
+        pair = preference_pair(partial)
+        if pair is None:
+            out.append(None)
+        else:
             w, lose = pair
             out.append((images[w], images[lose], (partial[w], partial[lose])))
-        print(f"sampled {min(start + len(chunk), len(specs))}/{len(specs)} prompts", flush=True)
+        if (i + 1) % args.batch_prompts == 0 or i + 1 == len(specs):
+            print(f"sampled {i + 1}/{len(specs)} prompts", flush=True)
     return out
 
 
