@@ -27,9 +27,13 @@ DEVICE=${DEVICE:-cuda}
 EVAL_HELDOUT=${EVAL_HELDOUT:-240}
 EVAL_TRAIN=${EVAL_TRAIN:-120}
 WORK=${WORK:-/tmp/shapes_pretrain}
-# one run each, side by side: PRESET or PRESET:CAPTION_NOISE (shapes_caption_noise)
-# [CAPTION_KINDS: the error kinds the noise may draw, comma-separated; default all]
+# one run each, side by side: PRESET, PRESET:CAPTION_NOISE or PRESET:CAPTION_NOISE:KINDS
+# (shapes_caption_noise; KINDS '+'-separated, e.g. extra+missing; default CAPTION_KINDS, a
+# comma-separated list, default all)
 RUNS=${RUNS:-"latent latent_small"}
+# a trained ShapesT2I folder whose VAE every latent run reuses instead of training its own
+# (e.g. examples/checkpoints/shapes_t2i); the snapshots are then packed without vae/
+VAE_FROM=${VAE_FROM:-}
 THREADS=${THREADS:-1}  # torch threads per run (DEVICE=cpu: the cores it may use)
 WORKERS=${WORKERS:-6}  # render processes per run
 EVAL_EVERY=${EVAL_EVERY:-1}  # minutes
@@ -47,24 +51,29 @@ run() {
         --eval-prompts "$EVAL_HELDOUT" --eval-train-prompts "$EVAL_TRAIN" --log-every 200 \
         "$@" >"$WORK/$name.log" 2>&1 &
 }
+vae_args=()
+[[ -n $VAE_FROM ]] && vae_args=(--vae-from "$VAE_FROM")
 for spec in $RUNS; do
-    preset=${spec%%:*}
-    noise=0
-    [[ $spec == *:* ]] && noise=${spec#*:}
+    IFS=: read -r preset noise kinds <<<"$spec"
+    noise=${noise:-0}
+    kinds=${kinds//+/,}
+    kinds=${kinds:-${CAPTION_KINDS:-extra,missing,miscount,relation,colour}}
     name=$preset
     [[ $noise != 0 ]] && name=${preset}_noise${noise}
+    [[ $spec == *:*:* ]] && name=${name}_${kinds//,/-}
     run "$name" --preset "$preset" --batch 256 --lr 1e-3 --caption-noise "$noise" \
-        --caption-noise-kinds "${CAPTION_KINDS:-extra,missing,miscount,relation,colour}"
+        --caption-noise-kinds "$kinds" "${vae_args[@]}"
 done
 wait
 
-python3 - "$WORK" "$OUT" "${KEEP_NEAR:-0.25,0.35}" "${KEEP_LAST:-1}" <<'PY'
+python3 - "$WORK" "$OUT" "${KEEP_NEAR:-0.25,0.35}" "${KEEP_LAST:-1}" "$VAE_FROM" <<'PY'
 import json, shutil, subprocess, sys
 from pathlib import Path
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
 KEEP_NEAR = [float(x) for x in sys.argv[3].split(",") if x]
 KEEP_LAST = int(sys.argv[4])
+SKIP_VAE = bool(sys.argv[5])  # reused: the same bytes as VAE_FROM's, not sent back
 for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_file()):
     rows = [json.loads(l) for l in (run / "pretrain_log.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["event"] == "eval"]
@@ -73,11 +82,12 @@ for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_fil
     if not evals:
         continue
     keep = {min(evals, key=lambda r: abs(r["heldout_strict"] - t))["step"] for t in KEEP_NEAR}
-    keep.update(r["step"] for r in evals[-KEEP_LAST:])
+    keep.update(r["step"] for r in evals[len(evals) - KEEP_LAST :])
     shutil.copy(run / "pretrain_log.jsonl", work / f"{run.name}_log.jsonl")
     chunks, size = [[]], 0
     for name in (f"step_{s:07d}" for s in sorted(keep)):
-        n = sum(f.stat().st_size for f in (run / "snapshots" / name).rglob("*") if f.is_file())
+        files = (run / "snapshots" / name).rglob("*")
+        n = sum(f.stat().st_size for f in files if f.is_file() and not (SKIP_VAE and "vae" in f.parts))
         if chunks[-1] and size + n > 15e6:
             chunks.append([])
             size = 0
@@ -85,7 +95,8 @@ for run in sorted(p for p in work.iterdir() if (p / "pretrain_log.jsonl").is_fil
         size += n
     for i, names in enumerate(chunks):
         tar = out / f"{run.name}_{i}.tgz"
-        subprocess.run(["tar", "czf", tar, "-C", run / "snapshots", *names], check=True)
+        exclude = ["--exclude=*/vae"] if SKIP_VAE else []
+        subprocess.run(["tar", "czf", tar, *exclude, "-C", run / "snapshots", *names], check=True)
         print("packed", tar.name, names, tar.stat().st_size)
 logs = [p.name for p in work.iterdir() if p.suffix in (".log", ".jsonl")]
 subprocess.run(["tar", "czf", out / "logs.tgz", "-C", work, *sorted(logs)], check=True)

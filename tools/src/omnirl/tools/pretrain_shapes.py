@@ -121,6 +121,29 @@ def save_atomic(pipe, out_dir: Path) -> None:
     tmp.rmdir()
 
 
+def load_trained_vae(path: Path, fresh: torch.nn.Module | None) -> torch.nn.Module:
+    """The frozen float32 ``AutoencoderKL`` of ``path`` (a ShapesT2I folder or its ``vae/``),
+    checked against ``fresh``, the preset's untrained VAE: same architecture, a fitted latent
+    scaling. ``ValueError`` names what does not fit."""
+    from diffusers import AutoencoderKL
+
+    if fresh is None:
+        raise ValueError("the preset is a pixel-space model; it has no VAE to reuse")
+    folder = path / "vae" if (path / "vae" / "config.json").is_file() else path
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{path} holds no VAE (no config.json there or in vae/)")
+    vae = AutoencoderKL.from_pretrained(folder, dtype=torch.float32)
+    for key in ("block_out_channels", "latent_channels", "in_channels", "sample_size"):
+        ours, needed = vae.config[key], fresh.config[key]
+        if (list(ours) if isinstance(ours, (list, tuple)) else ours) != (
+            list(needed) if isinstance(needed, (list, tuple)) else needed
+        ):
+            raise ValueError(f"the VAE in {folder} has {key}={ours}, the preset needs {needed}")
+    if vae.config.scaling_factor == 1.0 and not vae.config.shift_factor:
+        raise ValueError(f"the VAE in {folder} has no fitted latent scaling (was it trained?)")
+    return vae.requires_grad_(False).eval()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m omnirl.tools.pretrain_shapes", description=__doc__.split("\n")[0]
@@ -156,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--vae-lr", type=float, default=1e-3)
     parser.add_argument(
+        "--vae-from",
+        type=Path,
+        default=None,
+        help="latent presets: a ShapesT2I folder (or its vae/) whose trained VAE is reused, "
+        "frozen, instead of the VAE stage (examples/checkpoints/shapes_t2i)",
+    )
+    parser.add_argument(
         "--caption-noise",
         type=float,
         default=0.0,
@@ -185,7 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed).to(dev)
+    pipe = build_pipeline(shapes_vocabulary(), PRESETS[args.preset], seed=args.seed)
+    if args.vae_from is not None:
+        try:
+            pipe.vae = load_trained_vae(args.vae_from, pipe.vae)
+        except (OSError, ValueError) as err:
+            parser.error(f"--vae-from: {err}")
+    pipe.to(dev)
     data = train_batches(args.batch, args.seed, args.workers, args.caption_noise, kinds)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = args.out_dir / "pretrain_log.jsonl"
@@ -196,10 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
 
-    if pipe.vae is not None:  # stage 1: the VAE, then frozen
+    if pipe.vae is not None:  # stage 1: the VAE (trained here or reused), then frozen
         from omnirl.tools.shapes_vae import roundtrip_accuracy, train_vae
 
-        train_vae(pipe, data, minutes=args.vae_minutes, lr=args.vae_lr, log=log)
+        if args.vae_from is None:
+            train_vae(pipe, data, minutes=args.vae_minutes, lr=args.vae_lr, log=log)
+        else:
+            log({"event": "vae_reused", "path": str(args.vae_from)})
         check = generate_prompts(120, "heldout", seed=args.seed + 3)
         log({"event": "vae_roundtrip", "heldout_strict": roundtrip_accuracy(pipe, check)})
     ema = copy.deepcopy(pipe)
