@@ -2,9 +2,12 @@
 # Pretrain ShapesEval base-model candidates on one GPU, side by side, and keep snapshots of
 # each so that a base model of the wanted held-out accuracy can be chosen. The candidates are
 # latent models (a tiny VAE first, then the transformer on 4x8x8 latents). The committed base
-# (examples/checkpoints/shapes_t2i, latent_small step 2565) came from
-# `MINUTES=3.4 VAE_MINUTES=0.9 EVAL_EVERY=0.8 EVAL_HELDOUT=200 EVAL_TRAIN=0`; RUNS=small
-# gives the pixel-space model committed before it.
+# (examples/checkpoints/shapes_t2i, latent step 5220, structural caption noise 0.45) came from
+# `MINUTES=7.7 EVAL_EVERY=0.5 EVAL_HELDOUT=240 EVAL_TRAIN=0 WORKERS=3 KEEP_NEAR=0.25,0.3,0.35
+# KEEP_LAST=0 VAE_FROM=examples/checkpoints/shapes_t2i RUNS="latent:0.45:extra+missing+miscount"`
+# (with three other runs beside it; the VAE it reused is the one the base before it trained,
+# `MINUTES=3.4 VAE_MINUTES=0.9`, latent_small step 2565); RUNS=small gives the pixel-space
+# model committed before those.
 #
 # On the device tool's nvidia-h200 (16 cores; its image lacks diffusers, msgspec, pyzmq:
 # carry them as wheels in .whl/, see /work/.library/device/README.md):
