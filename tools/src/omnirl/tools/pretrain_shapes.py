@@ -134,10 +134,9 @@ def load_trained_vae(path: Path, fresh: torch.nn.Module | None) -> torch.nn.Modu
         raise ValueError(f"{path} holds no VAE (no config.json there or in vae/)")
     vae = AutoencoderKL.from_pretrained(folder, dtype=torch.float32)
     for key in ("block_out_channels", "latent_channels", "in_channels", "sample_size"):
+        # json gives lists where the fresh config holds tuples: compare as JSON
         ours, needed = vae.config[key], fresh.config[key]
-        if (list(ours) if isinstance(ours, (list, tuple)) else ours) != (
-            list(needed) if isinstance(needed, (list, tuple)) else needed
-        ):
+        if json.dumps(ours) != json.dumps(needed):
             raise ValueError(f"the VAE in {folder} has {key}={ours}, the preset needs {needed}")
     if vae.config.scaling_factor == 1.0 and not vae.config.shift_factor:
         raise ValueError(f"the VAE in {folder} has no fitted latent scaling (was it trained?)")
