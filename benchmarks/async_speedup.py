@@ -46,7 +46,7 @@ TRAINER = textwrap.dedent(
             self.train_s, self.w = train_s, torch.zeros(1024)
         def export_weights(self):
             return {"w": self.w.clone()}
-        def step(self, groups, *, policy_version):
+        def step(self, groups, *, policy_version, lr_scale=1.0):
             time.sleep(self.train_s)
             self.w += 1
             return {"wall_time": time.time()}

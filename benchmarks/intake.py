@@ -35,7 +35,7 @@ class NullBackend:
 
         return {"w": torch.zeros(16)}
 
-    def step(self, groups, *, policy_version):
+    def step(self, groups, *, policy_version, lr_scale=1.0):
         return {"groups": float(len(groups))}
 
 

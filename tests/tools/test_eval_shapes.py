@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -163,9 +164,11 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     from omnirl.tools.eval_shapes import evaluate, load_adapter
     from omnirl.tools.shapes_curve import apply_policy, main
     from omnirl.trainer.checkpoint import save_checkpoint
+    from omnirl.trainer.ema import EMA
 
     lora = {"r": 4, "lora_alpha": 16}  # scale 4: a reader that assumed alpha = r would differ
     train = ShapesT2ITrainingAdapter.from_pretrained(pretrained, lora=lora)
+    ema = EMA(list(train.trainable_parameters()), decay=0.5, warmup=False)  # the LoRA at init
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in train.trainable_parameters():
@@ -177,7 +180,12 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
         "sampling": {"num_steps": 2, "guidance_scale": 3.0, "height": 32, "width": 32},
     }
     save_checkpoint(
-        run / "checkpoints", 2, state={}, adapter=train, config_yaml=yaml.safe_dump(config)
+        run / "checkpoints",
+        2,
+        state={},
+        adapter=train,
+        train_step=SimpleNamespace(ema=ema, state_dict=dict),
+        config_yaml=yaml.safe_dump(config),
     )
     (run / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "elapsed_s": 30.0 * s}) + "\n" for s in (1, 2))
@@ -201,6 +209,15 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     kw = {"seeds": 1, "num_steps": 2}
     expected = evaluate(pushed, specs, **kw)
     assert np.array_equal(evaluate(loaded, specs, **kw).images, expected.images)
+    # eval_shapes takes the trainer checkpoint itself: step_N, the latest pointer, the run
+    for name in ("checkpoints/step_00000002", "checkpoints/latest", "checkpoints", "."):
+        by_checkpoint = load_adapter(run / name)
+        assert np.array_equal(evaluate(by_checkpoint, specs, **kw).images, expected.images), name
+    # --ema: the averaged weights (here the LoRA at init, B = 0: the base model's images)
+    base_images = evaluate(load_adapter(pretrained), specs, **kw).images
+    assert np.array_equal(evaluate(load_adapter(run, ema=True), specs, **kw).images, base_images)
+    with pytest.raises(FileNotFoundError, match="policy_ema"):
+        load_adapter(pretrained, ema=True)
     (run / "checkpoints" / "step_00000002" / "policy" / "adapter_config.json").unlink()
     unscaled = load_adapter(pretrained)
     apply_policy(unscaled, run / "checkpoints" / "step_00000002" / "policy", {})  # alpha = r

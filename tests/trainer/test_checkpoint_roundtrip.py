@@ -136,3 +136,32 @@ def test_a_lora_policy_keeps_its_adapter_config(tmp_path):
     assert saved == {"r": 2, "lora_alpha": 4, "target_modules": ["attn.to_q"]}
     full = save_checkpoint(tmp_path / "full", 1, state={}, adapter=TinyAdapter(0), config_yaml="")
     assert not (full / "policy" / "adapter_config.json").exists()
+
+
+def test_an_ema_step_also_writes_the_averaged_policy(tmp_path):
+    """policy_ema/ holds the EMA's values; policy/ and the live parameters keep the trained."""
+    from safetensors.torch import load_file
+
+    from omnirl.trainer.ema import EMA
+
+    adapter = TinyAdapter(0)
+    step = TinyStep(adapter)
+    step.ema = EMA(adapter.trainable_parameters(), decay=0.5, warmup=False)
+    start = [p.detach().clone() for p in adapter.trainable_parameters()]
+    step.train(adapter)
+    step.ema.update()  # average = (start + trained) / 2
+    trained = [p.detach().clone() for p in adapter.trainable_parameters()]
+    path = save_checkpoint(tmp_path, 1, state={}, adapter=adapter, train_step=step)
+    live = load_file(path / "policy" / "w.safetensors")
+    averaged = load_file(path / "policy_ema" / "w.safetensors")
+    names = ["weight", "bias"]
+    for name, s, t in zip(names, start, trained, strict=True):
+        assert torch.equal(live[name], t)
+        assert torch.allclose(averaged[name], (s + t) / 2)
+    assert all(
+        torch.equal(p, t) for p, t in zip(adapter.trainable_parameters(), trained, strict=True)
+    )
+    plain = save_checkpoint(
+        tmp_path / "plain", 1, state={}, adapter=adapter, train_step=TinyStep(adapter)
+    )
+    assert not (plain / "policy_ema").exists()

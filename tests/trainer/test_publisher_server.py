@@ -40,13 +40,15 @@ class NullBackend:
 
     def __init__(self):
         self.steps = 0
+        self.lr_scales = []
 
     def export_weights(self):
         return {"w": torch.full((4,), float(self.steps))}
 
-    def step(self, groups, *, policy_version):
+    def step(self, groups, *, policy_version, lr_scale=1.0):
         time.sleep(0.05)
         self.steps += 1
+        self.lr_scales.append(lr_scale)
         return {"loss": 0.5, "groups": float(len(groups))}
 
 
@@ -143,7 +145,13 @@ def _collect_version(weights: Peer, timeout=5.0):
 
 @pytest.mark.timeout(60)
 def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_path):
-    cfg = _config(tmp_path, "logging.tensorboard=true", "logging.image_grid_every=1")
+    cfg = _config(
+        tmp_path,
+        "logging.tensorboard=true",
+        "logging.image_grid_every=1",
+        "train.lr_schedule=linear",
+        "train.lr_min_ratio=0.2",
+    )
     backend = NullBackend()
     server, thread, result, address = _start(cfg, backend)
     ctx = zmq.Context()
@@ -204,6 +212,7 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
         assert reply.code == "shutdown"
         thread.join(10)
         assert result.get("rc") == 0
+        assert backend.lr_scales == pytest.approx([1.0, 0.6])  # linear over max_steps=2 to 0.2
         lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [1, 2]
         first = json.loads(lines[0])

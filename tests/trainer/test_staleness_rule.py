@@ -36,7 +36,7 @@ class KeepBackend:
     def export_weights(self):
         return {}
 
-    def step(self, groups, *, policy_version):
+    def step(self, groups, *, policy_version, lr_scale=1.0):
         self.batches.append(([g.group_id for g in groups], policy_version))
         return {}
 

@@ -280,3 +280,19 @@ def test_gradient_clipping_caps_the_norm_the_optimiser_sees(tiny_sd3_path, group
     clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in seen[0]]))
     assert m["grad_norm"] > 1e-6  # reported: the norm before clipping
     assert float(clipped) == pytest.approx(1e-7, rel=1e-2)  # torch adds 1e-6 to the norm
+
+
+def test_lr_scale_sets_the_step_learning_rate(tiny_sd3_path, groups_by_sde):
+    """The run's schedule reaches the optimiser: scale 0 leaves the policy as it was."""
+    groups = groups_by_sde["sde"]
+    adapter = _trainer(tiny_sd3_path)
+    step = TrainStep(adapter, "flow_grpo", TrainStep.Config(lr=2e-3))
+    before = [p.detach().clone() for p in adapter.trainable_parameters()]
+    m = step.step(groups, policy_version=0, lr_scale=0.0)
+    assert m["lr"] == 0.0
+    after = list(adapter.trainable_parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    m = step.step(groups, policy_version=0, lr_scale=0.5)
+    assert m["lr"] == pytest.approx(1e-3)
+    assert step.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))

@@ -1,7 +1,12 @@
 """Score a text-to-image checkpoint on ShapesEval prompts: strict accuracy per category.
 
     uv run python -m omnirl.tools.eval_shapes CHECKPOINT --prompts FILE --seeds 2 \
-        [--cfg 3] [--steps 10] [--sde-type ode] [--lora DIR] [--out DIR] [--limit N]
+        [--cfg 3] [--steps 10] [--sde-type ode] [--lora DIR] [--out DIR] [--limit N] [--ema]
+
+``CHECKPOINT`` is a model folder or a trainer checkpoint: ``checkpoints/step_N``, the
+``checkpoints/latest`` pointer or the run's output folder (its latest checkpoint), sampled as
+the base model its ``config.yaml`` names with the checkpoint's policy applied (``--ema``: its
+EMA weights, ``policy_ema/``).
 
 Each prompt is sampled ``--seeds`` times with the checkpoint's registered rollout adapter
 (the same code path as RL rollouts; ``--sde-type ode`` is deterministic, the SDE types are
@@ -214,22 +219,78 @@ def read_lora(directory: str | Path, *, alpha: float | None = None) -> tuple[dic
     return tensors, config
 
 
+def apply_policy(adapter, policy: Path, config: dict[str, Any]) -> None:
+    """Load a trainer checkpoint's ``policy/`` (LoRA folder or full transformer) into
+    ``adapter``, the way a rollout worker applies a weight update."""
+    if (policy / "transformer").is_dir():
+        from safetensors.torch import load_file
+
+        tensors = {}
+        for f in sorted((policy / "transformer").glob("*.safetensors")):
+            tensors.update(load_file(f))
+        adapter.load_weights("full", tensors)
+        return
+    alpha = None
+    if not (policy / "adapter_config.json").is_file():  # checkpoints before adapter_config.json
+        alpha = (config.get("model", {}).get("lora") or {}).get("alpha")
+    tensors, lora_config = read_lora(policy, alpha=alpha)
+    adapter.load_weights("lora", tensors, adapter_config=lora_config)
+
+
+def trainer_checkpoint(path: str | Path) -> Path | None:
+    """The trainer checkpoint folder ``path`` names, or None when it is a model folder.
+
+    Accepts ``checkpoints/step_N`` (``config.yaml`` and ``policy/``), the ``checkpoints/latest``
+    pointer file, the ``checkpoints`` folder and a run's ``output_dir`` (both via ``latest``).
+    """
+    from omnirl.trainer.checkpoint import latest_checkpoint
+
+    path = Path(path)
+    if path.name == "latest" and path.is_file():
+        path = path.parent
+    for root in (path, path / "checkpoints"):
+        found = latest_checkpoint(root) if not (root / "policy").is_dir() else root
+        if found is not None and (found / "config.yaml").is_file() and (found / "policy").is_dir():
+            return found
+    return None
+
+
 def load_adapter(
     checkpoint: str | Path,
     *,
     device: str = "cpu",
     lora: str | Path | None = None,
     lora_alpha: float | None = None,
+    ema: bool = False,
 ):
     """The checkpoint's registered rollout adapter, with the LoRA folder ``lora`` applied
-    the way a rollout worker applies a weight update (see :func:`read_lora`)."""
+    the way a rollout worker applies a weight update (see :func:`read_lora`).
+
+    ``checkpoint`` is a model folder or a trainer checkpoint (see :func:`trainer_checkpoint`):
+    then the base model its ``config.yaml`` names is loaded and its policy applied, with
+    ``ema`` its ``policy_ema/`` (the trainer's EMA of the weights)."""
     from omnirl.models.registry import architecture_of, get_rollout_adapter
 
+    trained = trainer_checkpoint(checkpoint)
+    config: dict[str, Any] = {}
+    policy = "policy_ema" if ema else "policy"
+    if ema and (trained is None or not (trained / policy).is_dir()):
+        raise FileNotFoundError(
+            f"{checkpoint}: no trainer checkpoint with a {policy}/ folder (the trainer writes "
+            "it only with the EMA on: algorithm.overrides.ema_decay)"
+        )
+    if trained is not None:
+        import yaml
+
+        config = yaml.safe_load((trained / "config.yaml").read_text())
+        checkpoint = config["model"]["path"]
     cls = get_rollout_adapter(architecture_of(checkpoint))
     adapter = cls.from_pretrained(checkpoint, device=device)
+    if trained is not None:
+        apply_policy(adapter, trained / policy, config)
     if lora is not None:
-        tensors, config = read_lora(lora, alpha=lora_alpha)
-        adapter.load_weights("lora", tensors, adapter_config=config)
+        tensors, lora_config = read_lora(lora, alpha=lora_alpha)
+        adapter.load_weights("lora", tensors, adapter_config=lora_config)
     return adapter
 
 
@@ -237,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m omnirl.tools.eval_shapes", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument(
+        "checkpoint",
+        type=Path,
+        help="model folder, or a trainer checkpoint (step_N, checkpoints/latest, a run folder)",
+    )
     parser.add_argument("--prompts", type=Path, required=True, help="JSONL prompt file")
     parser.add_argument("--seeds", type=int, default=2, help="samples per prompt")
     parser.add_argument("--cfg", type=float, default=3.0, help="guidance scale")
@@ -246,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lora", type=Path, default=None, help="LoRA folder (trainer-saved)")
     parser.add_argument("--lora-alpha", type=float, default=None, help="default: its rank")
+    parser.add_argument(
+        "--ema", action="store_true", help="a trainer checkpoint's EMA weights (policy_ema/)"
+    )
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -260,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     specs = load_prompt_file(args.prompts)[: args.limit]
     adapter = load_adapter(
-        args.checkpoint, device=args.device, lora=args.lora, lora_alpha=args.lora_alpha
+        args.checkpoint,
+        device=args.device,
+        lora=args.lora,
+        lora_alpha=args.lora_alpha,
+        ema=args.ema,
     )
     run = evaluate(
         adapter,
@@ -281,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "sde_type": args.sde_type,
         "seed": args.seed,
         "lora": str(args.lora) if args.lora else None,
+        "ema": args.ema,
     }
     out = args.out or Path("runs/eval_shapes") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 file, against the run's wall-clock time.
 
     uv run python -m omnirl.tools.shapes_curve RUN_DIR --prompts FILE [--seeds 2]
-        [--every 1] [--limit N] [--threads 2] [--out DIR]
+        [--every 1] [--limit N] [--threads 2] [--out DIR] [--ema]
 
 ``RUN_DIR`` is a trainer's ``run.output_dir``: its ``checkpoints/step_*`` folders (each with
 ``policy/`` and ``config.yaml``) and ``metrics.jsonl`` (whose ``elapsed_s`` places each
@@ -10,7 +10,10 @@ checkpoint in time). The base model (``model.path`` of the run's config) is step
 model is sampled with the run's own sampling settings (steps, guidance, size) by the ODE
 sampler and scored by the ShapesEval detector, exactly as ``omnirl.tools.eval_shapes`` does.
 
-Writes to ``OUT`` (default ``RUN_DIR/curve``): ``curve.json`` (per checkpoint: step, minutes,
+``--ema`` scores each checkpoint's ``policy_ema/`` (the trainer's EMA of the weights, written
+when ``ema_decay`` is set) instead of ``policy/``.
+
+Writes to ``OUT`` (default ``RUN_DIR/curve``, ``RUN_DIR/curve_ema`` with ``--ema``): ``curve.json`` (per checkpoint: step, minutes,
 overall and per-category strict accuracy with 95 % bootstrap intervals), ``curve.png``
 (strict accuracy against minutes, overall with its interval and each category), and
 ``before_after.png`` (the same prompts and seeds from the base model and the last checkpoint).
@@ -27,12 +30,12 @@ import numpy as np
 
 from omnirl.tools.eval_shapes import (
     EvalRun,
+    apply_policy,
     bootstrap_ci,
     evaluate,
     format_table,
     load_adapter,
     load_prompt_file,
-    read_lora,
     summarise,
 )
 
@@ -47,23 +50,6 @@ def checkpoint_minutes(run_dir: Path) -> dict[int, float]:
             if "elapsed_s" in row:
                 out[int(row["step"])] = row["elapsed_s"] / 60
     return out
-
-
-def apply_policy(adapter, policy: Path, config: dict[str, Any]) -> None:
-    """Load a checkpoint's ``policy/`` (LoRA file or full transformer) into ``adapter``."""
-    if (policy / "transformer").is_dir():
-        from safetensors.torch import load_file
-
-        tensors = {}
-        for f in sorted((policy / "transformer").glob("*.safetensors")):
-            tensors.update(load_file(f))
-        adapter.load_weights("full", tensors)
-        return
-    alpha = None
-    if not (policy / "adapter_config.json").is_file():  # checkpoints before adapter_config.json
-        alpha = (config.get("model", {}).get("lora") or {}).get("alpha")
-    tensors, lora_config = read_lora(policy, alpha=alpha)
-    adapter.load_weights("lora", tensors, adapter_config=lora_config)
 
 
 def paired_gain(before: EvalRun, after: EvalRun) -> dict[str, Any]:
@@ -151,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--ema", action="store_true", help="score each checkpoint's EMA weights (policy_ema/)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -168,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = config["sampling"]
     minutes = checkpoint_minutes(args.run_dir)
     specs = load_prompt_file(args.prompts)[: args.limit]
-    out = args.out or args.run_dir / "curve"
+    out = args.out or args.run_dir / ("curve_ema" if args.ema else "curve")
     out.mkdir(parents=True, exist_ok=True)
 
     adapter = load_adapter(config["model"]["path"], device=args.device)
@@ -177,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     for ckpt in [None, *chosen]:
         step = 0 if ckpt is None else int(ckpt.name.split("_")[1])
         if ckpt is not None:
-            apply_policy(adapter, ckpt / "policy", config)
+            policy = ckpt / ("policy_ema" if args.ema else "policy")
+            if not policy.is_dir():
+                parser.error(f"{policy} does not exist (EMA weights need ema_decay set)")
+            apply_policy(adapter, policy, config)
         run = evaluate(
             adapter,
             specs,

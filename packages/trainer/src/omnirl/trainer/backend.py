@@ -23,7 +23,7 @@ from typing import Any
 from omnirl.trainer.config import ConfigError, LoraConfig, to_container
 
 # ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
-_LOOP_KEYS = ("groups_per_step", "max_staleness")
+_LOOP_KEYS = ("groups_per_step", "max_staleness", "lr_schedule", "lr_min_ratio")
 _MODEL_KEYS = (
     "gradient_checkpointing",
     "compile",
@@ -134,5 +134,7 @@ class AdapterBackend:
     def export_weights(self) -> dict[str, Any]:
         return self.adapter.export_weights()
 
-    def step(self, groups: list[Any], *, policy_version: int) -> dict[str, float]:
-        return self.train_step.step(groups, policy_version=policy_version)
+    def step(
+        self, groups: list[Any], *, policy_version: int, lr_scale: float = 1.0
+    ) -> dict[str, float]:
+        return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)

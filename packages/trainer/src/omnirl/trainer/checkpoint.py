@@ -5,6 +5,8 @@ Layout of ``<checkpoint dir>/step_XXXXXXXX/``::
     policy/               adapter.save_pretrained(): a LoRA loadable by diffusers'
                           load_lora_weights (+ adapter_config.json: rank, alpha, targets),
                           or the full weights as safetensors
+    policy_ema/           the same with the TrainStep's EMA of the trainable parameters
+                          swapped in (only when the EMA is on: ``ema_decay``)
     trainable.safetensors every trainable parameter, in trainable_parameters() order
                           (what resume copies back; independent of naming schemes)
     train_step.pt         TrainStep.state_dict(): optimiser, EMA, algorithm state
@@ -64,6 +66,13 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _save_policy(adapter: Any, folder: Path) -> None:
+    adapter.save_pretrained(str(folder))
+    if adapter.weight_format == "lora":  # the LoRA file holds no alpha: keep the scale
+        config = json.dumps(adapter.adapter_config(), indent=2, sort_keys=True, default=list)
+        (folder / "adapter_config.json").write_text(config + "\n")
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -90,10 +99,11 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     if adapter is not None:
-        adapter.save_pretrained(str(tmp / "policy"))
-        if adapter.weight_format == "lora":  # the LoRA file holds no alpha: keep the scale
-            config = json.dumps(adapter.adapter_config(), indent=2, sort_keys=True, default=list)
-            (tmp / "policy" / "adapter_config.json").write_text(config + "\n")
+        _save_policy(adapter, tmp / "policy")
+        ema = getattr(train_step, "ema", None)
+        if ema is not None:
+            with ema.swapped_in():
+                _save_policy(adapter, tmp / "policy_ema")
         params = list(adapter.trainable_parameters())
         save_file(
             {f"p{i:05d}": p.detach().to("cpu").contiguous() for i, p in enumerate(params)},

@@ -125,6 +125,10 @@ class TrainConfig:
     groups_per_step: int = 4  # accepted groups per optimisation step
     max_staleness: int = 0  # 0: synchronous (on-policy); K >= 1 asynchronous
     lr: float | None = None
+    # factor on lr over the run's progress to its first limit (max_steps or max_minutes):
+    # constant, linear or cosine, from 1 down to lr_min_ratio (omnirl.trainer.lr_schedule)
+    lr_schedule: str = "constant"
+    lr_min_ratio: float = 0.0
     clip_range: float | None = None
     kl_beta: float | None = None
     max_grad_norm: float | None = None
@@ -261,6 +265,12 @@ def _validate(cfg: DictConfig) -> None:
             f"key 'train.parallel': unknown mode {cfg.train.parallel!r}; "
             "known: auto, none, ddp, fsdp"
         )
+    from omnirl.trainer.lr_schedule import check_schedule
+
+    try:
+        check_schedule(cfg.train.lr_schedule, cfg.train.lr_min_ratio)
+    except ValueError as err:
+        raise ConfigError(f"key 'train.{str(err).split()[0]}': {err}") from None
     from omnirl.models.device import ATTENTION_BACKENDS
 
     if cfg.train.attention not in ATTENTION_BACKENDS:

@@ -44,7 +44,7 @@ from omnirl.trainer.algorithms.flow_grpo import LossOutput
 from omnirl.trainer.algorithms.registry import AlgorithmSpec, get_advantage, get_loss
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.ema import EMA
-from omnirl.trainer.optim import OptimConfig, build_adamw, trainable
+from omnirl.trainer.optim import OptimConfig, build_adamw, set_lr, trainable
 
 
 class ForwardProcessStep:
@@ -94,9 +94,14 @@ class ForwardProcessStep:
     # ------------------------------------------------------------------------------ public
 
     def step(
-        self, groups: Sequence[DiffusionTrajectoryGroup], *, policy_version: int
+        self,
+        groups: Sequence[DiffusionTrajectoryGroup],
+        *,
+        policy_version: int,
+        lr_scale: float = 1.0,
     ) -> dict[str, float]:
-        """Train on ``groups`` (rewards and ``final_latents`` set) at version ``policy_version``.
+        """Train on ``groups`` (rewards and ``final_latents`` set) at version ``policy_version``,
+        at learning rate ``config.lr * lr_scale``.
 
         A group up to any number of versions old is trained as a fresh one: the objective
         reads only its clean samples and rewards (the server enforces ``max_staleness``).
@@ -104,6 +109,7 @@ class ForwardProcessStep:
         start = time.perf_counter()
         self._check(groups, policy_version)
         cfg = self.config
+        set_lr(self.optimizer, cfg.lr * lr_scale)
         rewards = [torch.as_tensor(g.rewards.total, dtype=torch.float64) for g in groups]
         adv = self.estimator(
             rewards,
@@ -114,6 +120,7 @@ class ForwardProcessStep:
         kept = [g for i, g in enumerate(groups) if i not in skipped]
         metrics = batch_metrics(groups, rewards, adv.advantages, policy_version)
         metrics["skipped_groups"] = float(len(skipped))
+        metrics["lr"] = cfg.lr * lr_scale
         acc = MetricsAccumulator()
         if kept:
             advantages = torch.cat(

@@ -47,3 +47,11 @@ def build_adamw(params: list[torch.nn.Parameter], config: OptimConfig) -> torch.
         weight_decay=config.weight_decay,
         eps=config.eps,
     )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate (a schedule's value for this step)."""
+    if not lr >= 0:
+        raise ValueError(f"learning rate must be >= 0, got {lr!r}")
+    for group in optimizer.param_groups:
+        group["lr"] = lr

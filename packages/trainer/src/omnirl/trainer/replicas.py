@@ -69,9 +69,11 @@ class LeaderBackend:
             torch.cuda.set_device(self.info.device)
         dist.broadcast_object_list([command], src=0)
 
-    def step(self, groups: list[Any], *, policy_version: int) -> dict[str, float]:
-        self._announce(("step", list(groups), policy_version))
-        return self.backend.step(groups, policy_version=policy_version)
+    def step(
+        self, groups: list[Any], *, policy_version: int, lr_scale: float = 1.0
+    ) -> dict[str, float]:
+        self._announce(("step", list(groups), policy_version, lr_scale))
+        return self.backend.step(groups, policy_version=policy_version, lr_scale=lr_scale)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         self._announce(("export",))
@@ -103,7 +105,7 @@ def follow(backend: Any, *, chunk_bytes: int) -> int:
         kind = command[0]
         if kind == "step":
             try:
-                backend.step(command[1], policy_version=command[2])
+                backend.step(command[1], policy_version=command[2], lr_scale=command[3])
                 steps += 1
             except TrainStepInputError as err:
                 # raised by every rank alike before any collective (rank 0's server logs it

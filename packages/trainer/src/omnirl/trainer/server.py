@@ -50,6 +50,7 @@ from omnirl.trainer.data import PromptSource
 from omnirl.trainer.fleet import FleetControl
 from omnirl.trainer.intake import Intake
 from omnirl.trainer.ledger import Ledger
+from omnirl.trainer.lr_schedule import lr_factor, run_progress
 from omnirl.trainer.publisher import WeightPublisher
 
 log = logging.getLogger("omnirl.trainer")
@@ -326,7 +327,20 @@ class TrainerServer(FleetControl):
         batch, self.buffer = self.buffer[:need], self.buffer[need:]
         self._batch = batch
         self._step_started = time.perf_counter()
-        self._future = self._executor.submit(self.backend.step, batch, policy_version=self.version)
+        self._future = self._executor.submit(
+            self.backend.step, batch, policy_version=self.version, lr_scale=self._lr_scale()
+        )
+
+    def _lr_scale(self) -> float:
+        """``train.lr_schedule`` at the run's progress towards its first limit."""
+        train = self.cfg.train
+        progress = run_progress(
+            self.step,
+            self.cfg.max_steps,
+            time.monotonic() - self._started,
+            self.cfg.max_minutes,
+        )
+        return lr_factor(train.lr_schedule, progress, train.lr_min_ratio)
 
     def _finish_step(self) -> None:
         future, self._future = self._future, None

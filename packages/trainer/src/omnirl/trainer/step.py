@@ -44,7 +44,7 @@ from omnirl.trainer.algorithms.registry import (
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.algorithms.windows import window_buckets
 from omnirl.trainer.ema import EMA
-from omnirl.trainer.optim import OptimConfig, build_adamw, trainable
+from omnirl.trainer.optim import OptimConfig, build_adamw, set_lr, trainable
 
 if TYPE_CHECKING:
     from omnirl.trainer.distributed import DataParallel
@@ -215,12 +215,18 @@ class TrainStep:
     # ------------------------------------------------------------------------------ public
 
     def step(
-        self, groups: Sequence[DiffusionTrajectoryGroup], *, policy_version: int
+        self,
+        groups: Sequence[DiffusionTrajectoryGroup],
+        *,
+        policy_version: int,
+        lr_scale: float = 1.0,
     ) -> dict[str, float]:
-        """Train on ``groups`` (rewards set) at trainer version ``policy_version``."""
+        """Train on ``groups`` (rewards set) at trainer version ``policy_version``, at
+        learning rate ``config.lr * lr_scale`` (the run's schedule, see ``lr_schedule``)."""
         start = time.perf_counter()
         self._check(groups, policy_version)
         cfg = self.config
+        set_lr(self.optimizer, cfg.lr * lr_scale)
         rewards = [torch.as_tensor(g.rewards.total, dtype=torch.float64) for g in groups]
         adv = self.estimator(
             rewards,
@@ -231,6 +237,7 @@ class TrainStep:
         kept = [g for i, g in enumerate(groups) if i not in skipped]
         metrics = batch_metrics(groups, rewards, adv.advantages, policy_version)
         metrics["skipped_groups"] = float(len(skipped))
+        metrics["lr"] = cfg.lr * lr_scale
         acc = MetricsAccumulator()
         if kept:
             advantages = torch.cat(
