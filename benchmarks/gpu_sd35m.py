@@ -26,9 +26,7 @@ still reports what it measured. ``--tiny`` runs the same stages on a toy model (
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
 import sys
 import time
 import traceback
@@ -37,6 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_sd35m_args import parse_args
 from gpu_sd35m_profile import profile_kernels
 from gpu_sd35m_report import Report
 from gpu_sd35m_setup import (
@@ -50,7 +49,6 @@ from gpu_sd35m_setup import (
 )
 from gpu_sd35m_warm_start import measure_warm_start, warm_start_child
 
-from omnirl.models.device import ATTENTION_BACKENDS as SDPA_BACKENDS
 from omnirl.models.device import attention_backend as sdpa_context
 
 # Stages in run order: (rough GPU seconds it needs, compiles dominating; the stage it needs).
@@ -409,43 +407,7 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default=None, help="default: bfloat16 (float32 with --tiny)")
-    p.add_argument("--tiny", action="store_true", help="toy model, for CPU tests")
-    p.add_argument("--budget-s", type=float, default=500.0)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's)")
-    p.add_argument("--compile-backend", default="inductor")
-    p.add_argument("--compile-mode", default=None)
-    p.add_argument(
-        "--rollout-compile-mode",
-        default=None,
-        help="the rollout's torch.compile mode (default: --compile-mode); 'reduce-overhead' "
-        "adds CUDA graphs, which the trainer refuses",
-    )
-    p.add_argument(
-        "--micro",
-        type=int,
-        default=0,
-        help="omnirl's training micro-batch in samples (default: the setup's, the baseline's)",
-    )
-    p.add_argument(
-        "--sdpa",
-        default="default",
-        choices=sorted(SDPA_BACKENDS),
-        help="attention kernel for the omnirl stages (the baseline keeps torch's default)",
-    )
-    p.add_argument("--cache-dir", default=None, help="persistent compile cache directory")
-    p.add_argument("--matmul-n", type=int, default=None)
-    p.add_argument("--stages", default="all", help="comma-separated stage names, or 'all'")
-    p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_sd35m"))
-    p.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
-    p.add_argument("--from-jsonl", default=None, help="only render this JSONL (with --write-docs)")
-    p.add_argument("--warm-start-child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
-    args.matmul_n = args.matmul_n or (512 if args.tiny else 8192)
+    args = parse_args(argv, description=__doc__.splitlines()[0])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.warm_start_child:

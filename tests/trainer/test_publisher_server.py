@@ -253,11 +253,15 @@ def test_resume_continues_version_and_data_order(tmp_path):
         ctx.destroy(linger=0)
 
     (tmp_path / "run" / ADDRESS_FILE).unlink()
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "step_00000001" / "state.pt")
+    assert saved["elapsed_s"] > 0.05  # at least the one step's sleep
     cfg2 = _config(tmp_path, "max_steps=2")
     server, thread, result, address = _start(cfg2, NullBackend(), resume=True)
     ctx = zmq.Context()
     try:
         assert server.version == 1 and server.step == 1
+        # the run's clock goes on from the checkpoint (max_minutes, lr schedule), not from 0
+        assert server.elapsed_s >= saved["elapsed_s"]
         control = Peer(ctx, zmq.DEALER, address)
         Peer(ctx, zmq.DEALER, address).ask(
             Hello(role="reward", worker_id="s", address="tcp://127.0.0.1:9")

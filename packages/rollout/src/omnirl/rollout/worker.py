@@ -6,7 +6,8 @@ The loop thread owns every socket (zmq sockets are not thread-safe) and polls th
   Refusal, and a Heartbeat every ``heartbeat_interval_s`` listing the leases in hand;
 - ``weights`` (DEALER to the trainer's weights ROUTER): WeightRequest -> WeightUpdate
   chunks, then every new version as the trainer publishes it;
-- ``push`` (one PUSH connected to every reward worker; ZeroMQ round-robins among them);
+- ``push`` (:class:`~omnirl.rollout.reward_push.RewardPush`: one PUSH connected to every
+  reward worker; ZeroMQ round-robins among them);
 - a monitor of ``control`` that tells when the trainer goes away and comes back.
 
 The model lives in a :class:`~omnirl.rollout.sampler.SamplerThread`; heartbeats and weight
@@ -27,13 +28,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from omnirl.protocol.auth import SecurityConfig
-from omnirl.protocol.codec import decode, encode
+from omnirl.protocol.codec import decode
 from omnirl.protocol.errors import ProtocolError
 from omnirl.protocol.messages import (
     Capabilities,
@@ -48,6 +48,7 @@ from omnirl.protocol.messages import (
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, send_message
 from omnirl.rollout.model import RolloutModel
+from omnirl.rollout.reward_push import RewardPush
 from omnirl.rollout.sampler import JobResult, SamplerThread
 from omnirl.rollout.weights_inbox import WeightInbox
 
@@ -125,8 +126,9 @@ class RolloutWorker:
         )
         self._weights: zmq.Socket | None = None
         self._weights_address = ""
-        self._push: zmq.Socket | None = None
-        self._reward_addresses: set[str] = set()
+        self._rewards = RewardPush(
+            self._sockets, worker_id=self.worker_id, send_timeout_s=cfg.send_timeout_s
+        )
         self._poller = zmq.Poller()
         self._poller.register(self._control, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -250,7 +252,7 @@ class RolloutWorker:
         if self._held_version < 0:  # a version is held before the first lease is asked for
             self._request_weights(now)
             return
-        if not self._reward_addresses:
+        if not self._rewards.addresses:
             return  # nowhere to send groups yet; a later Welcome or Lease names a reward worker
         if (
             self._lease_requested_at is not None
@@ -281,7 +283,7 @@ class RolloutWorker:
         if isinstance(msg, Lease):
             self._lease_requested_at = None
             if msg.reward_address:
-                self._connect_rewards([msg.reward_address])
+                self._rewards.connect([msg.reward_address])
             self._leases.append(msg)
             log.info(
                 "%s: lease %s: groups %s (version >= %d)",
@@ -340,32 +342,10 @@ class RolloutWorker:
             self._weights_address = msg.topology.weights
             self._poller.register(self._weights, zmq.POLLIN)
             self._inbox.reset()
-        self._connect_rewards(msg.topology.reward)
+        self._rewards.connect(msg.topology.reward)
         self._weights_requested_at = -1e9
         self._request_weights(time.monotonic())  # also introduces us to the weights socket
         return None
-
-    def _connect_rewards(self, addresses: list[str]) -> None:
-        new = [a for a in addresses if a and a not in self._reward_addresses]
-        if not new:
-            return
-        for address in new:
-            if self._push is None:
-                self._push = self._sockets.connect("reward", address, server_key=self._reward_key())
-                self._push.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
-            else:  # one PUSH to every reward worker: ZeroMQ round-robins among them
-                self.config.security.check_endpoint(address)
-                self._push.connect(address)
-            self._reward_addresses.add(address)
-            log.info("%s: sending groups to reward worker %s", self.worker_id, address)
-
-    def _reward_key(self):
-        """With CURVE: reward workers' public key, ``<keys>/reward.key`` (one shared pair)."""
-        keys = self.config.security.keys_dir
-        if keys is None:
-            return None
-        path = keys / "reward.key"
-        return path if path.is_file() else None
 
     def _on_weights(self, frames: list) -> None:
         try:
@@ -424,7 +404,10 @@ class RolloutWorker:
                 return None
             self._last_sample_s = result.seconds
             for group in result.value:
-                self._send_group(group, result.seconds / max(1, len(result.value)))
+                if self._rewards.send(group, result.seconds / max(1, len(result.value))):
+                    self.counters.groups_sent += 1
+                else:
+                    self.counters.groups_dropped += 1
             self.counters.leases_done += 1
             log.info(
                 "%s: lease %s done at version %d in %.2f s",
@@ -434,27 +417,6 @@ class RolloutWorker:
                 result.seconds,
             )
         return None
-
-    def _send_group(self, group: Any, seconds: float) -> None:
-        group.timings = {**group.timings, "sample_s": seconds}
-        try:
-            frames = encode(group)
-        except ProtocolError as exc:
-            self.counters.groups_dropped += 1
-            log.error("%s: group %s not sent: %s", self.worker_id, group.group_id, exc)
-            return
-        try:
-            self._push.send_multipart(frames, copy=False)
-            self.counters.groups_sent += 1
-        except zmq.Again:
-            self.counters.groups_dropped += 1
-            log.error(
-                "%s: no reward worker took group %s in %.0f s; dropped (the lease will "
-                "be reissued)",
-                self.worker_id,
-                group.group_id,
-                self.config.send_timeout_s,
-            )
 
     def _unwelcome(self) -> None:
         """Forget the registration (register again); the trainer-lost clock starts now."""

@@ -191,7 +191,7 @@ class TrainerConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     max_steps: int = 10
-    max_minutes: float = 0.0  # wall-clock budget of this trainer process; 0: none
+    max_minutes: float = 0.0  # the run's wall-clock budget, summed over resumes; 0: none
 
 
 def _explain(err: OmegaConfBaseException, source: str) -> ConfigError:

@@ -9,7 +9,9 @@ as 0). The schedule maps progress in [0, 1] to a factor on ``train.lr``:
 - ``cosine``: ``min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2``.
 
 A time-limited run's schedule follows the wall clock, so two runs of one config on machines
-of different speed see different factors at a given step; a step-limited run's does not.
+of different speed see different factors at a given step; a step-limited run's does not. The
+elapsed time is the run's, not the process's: checkpoints record it and ``--resume`` continues
+from it, so a resumed run neither restarts its schedule nor gets a fresh ``max_minutes``.
 """
 
 from __future__ import annotations

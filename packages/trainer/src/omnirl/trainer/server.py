@@ -118,6 +118,7 @@ class TrainerServer(FleetControl):
         self._stop_requested = False
         self._stop_reason = "stop requested"
         self._started = time.monotonic()
+        self._elapsed_before_s = 0.0  # the run's time in earlier processes (from --resume)
         self._diverged = False  # a step made the policy non-finite: no final checkpoint
         self._failures_in_a_row = 0
         self.exit_code = 0  # 1: stopped on repeated step failures or a non-finite policy
@@ -145,6 +146,7 @@ class TrainerServer(FleetControl):
             )
         self.version = int(ck.state["version"])
         self.step = ck.step
+        self._elapsed_before_s = float(ck.state.get("elapsed_s", 0.0))
         self.prompts.load_state_dict(ck.state["data"])
         self.ledger.load_state_dict(ck.state["ledger"])
         set_rng_state(ck.state["rng"])
@@ -231,7 +233,7 @@ class TrainerServer(FleetControl):
                     next_expire = now + 0.25
                 if self._future is not None and self._future.done():
                     self._finish_step()
-                out_of_time = budget_s and time.monotonic() - self._started >= budget_s
+                out_of_time = budget_s and self.elapsed_s >= budget_s
                 if out_of_time and not self._stop_requested:
                     self._stop_reason = f"max_minutes={self.cfg.max_minutes:g} reached"
                     self._stop_requested = True
@@ -331,13 +333,19 @@ class TrainerServer(FleetControl):
             self.backend.step, batch, policy_version=self.version, lr_scale=self._lr_scale()
         )
 
+    @property
+    def elapsed_s(self) -> float:
+        """The run's wall-clock seconds: this process's since it began serving, plus what the
+        checkpoint it resumed from had recorded (``max_minutes`` and the lr schedule use it)."""
+        return self._elapsed_before_s + time.monotonic() - self._started
+
     def _lr_scale(self) -> float:
         """``train.lr_schedule`` at the run's progress towards its first limit."""
         train = self.cfg.train
         progress = run_progress(
             self.step,
             self.cfg.max_steps,
-            time.monotonic() - self._started,
+            self.elapsed_s,
             self.cfg.max_minutes,
         )
         return lr_factor(train.lr_schedule, progress, train.lr_min_ratio)
@@ -385,7 +393,7 @@ class TrainerServer(FleetControl):
                 components.setdefault(name, []).extend(values)
         metrics.update(
             policy_version=self.version,
-            elapsed_s=time.monotonic() - self._started,
+            elapsed_s=self.elapsed_s,
             step_s=step_s,
             publish_s=time.perf_counter() - t0,
             weights_pushed_to=pushed,
@@ -411,6 +419,7 @@ class TrainerServer(FleetControl):
             self.step,
             state={
                 "version": self.version,
+                "elapsed_s": self.elapsed_s,
                 "data": self.prompts.state_dict(),
                 "ledger": self.ledger.state_dict(),
             },
