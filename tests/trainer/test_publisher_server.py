@@ -229,6 +229,45 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
 
 
 @pytest.mark.timeout(60)
+def test_resumed_run_with_its_minutes_spent_stops_without_training(tmp_path):
+    cfg = _config(tmp_path, "max_steps=1")
+    server, thread, result, address = _start(cfg, NullBackend())
+    ctx = zmq.Context()
+    try:
+        Peer(ctx, zmq.DEALER, address).ask(
+            Hello(role="reward", worker_id="s", address="tcp://127.0.0.1:9")
+        )
+        control = Peer(ctx, zmq.DEALER, address)
+        intake = Peer(
+            ctx, zmq.PUSH, control.ask(Hello(role="rollout", worker_id="r")).topology.intake
+        )
+        for _ in range(2):
+            lease = control.ask(LeaseRequest(worker_id="r"))
+            intake.send(_scored(lease, lease.prompts[0]))
+        thread.join(10)
+        assert result.get("rc") == 0
+    finally:
+        server.request_stop()
+        thread.join(10)
+        ctx.destroy(linger=0)
+
+    (tmp_path / "run" / ADDRESS_FILE).unlink()
+    state_file = tmp_path / "run" / "checkpoints" / "step_00000001" / "state.pt"
+    saved = torch.load(state_file)
+    torch.save({**saved, "elapsed_s": 61.0}, state_file)  # a 1-minute run, already over
+    server, thread, result, address = _start(
+        _config(tmp_path, "max_steps=5", "max_minutes=1"), NullBackend(), resume=True
+    )
+    try:
+        thread.join(10)
+        assert not thread.is_alive() and result.get("rc") == 0
+        assert server.step == 1  # no new step: the budget was spent before the restart
+    finally:
+        server.request_stop()
+        thread.join(10)
+
+
+@pytest.mark.timeout(60)
 def test_resume_continues_version_and_data_order(tmp_path):
     cfg = _config(tmp_path, "max_steps=1")
     server, thread, result, address = _start(cfg, NullBackend())
@@ -253,15 +292,18 @@ def test_resume_continues_version_and_data_order(tmp_path):
         ctx.destroy(linger=0)
 
     (tmp_path / "run" / ADDRESS_FILE).unlink()
-    saved = torch.load(tmp_path / "run" / "checkpoints" / "step_00000001" / "state.pt")
+    state_file = tmp_path / "run" / "checkpoints" / "step_00000001" / "state.pt"
+    saved = torch.load(state_file)
     assert saved["elapsed_s"] > 0.05  # at least the one step's sleep
-    cfg2 = _config(tmp_path, "max_steps=2")
+    # 10 more minutes on the recorded clock: only a restored clock can read above them
+    torch.save({**saved, "elapsed_s": saved["elapsed_s"] + 600.0}, state_file)
+    cfg2 = _config(tmp_path, "max_steps=2", "max_minutes=60")
     server, thread, result, address = _start(cfg2, NullBackend(), resume=True)
     ctx = zmq.Context()
     try:
         assert server.version == 1 and server.step == 1
         # the run's clock goes on from the checkpoint (max_minutes, lr schedule), not from 0
-        assert server.elapsed_s >= saved["elapsed_s"]
+        assert server.elapsed_s >= saved["elapsed_s"] + 600.0
         control = Peer(ctx, zmq.DEALER, address)
         Peer(ctx, zmq.DEALER, address).ask(
             Hello(role="reward", worker_id="s", address="tcp://127.0.0.1:9")
