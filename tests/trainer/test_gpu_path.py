@@ -152,3 +152,35 @@ def test_every_attention_backend_computes_attention_here(name):
     with attention_backend(name):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_trainer_and_rollout_hold_the_chosen_attention_kernel_for_the_run(tmp_path):
+    """`train.attention` and `rollout --attention` stay in force past start-up (a context
+    entered and dropped was undone at once, and both ran with torch's default order)."""
+    import subprocess
+    import sys
+
+    rollout = subprocess.run(
+        [
+            *(sys.executable, "-m", "omnirl.rollout.cli", "--trainer", "tcp://127.0.0.1:9"),
+            *("--trainer-timeout", "1", "--attention", "math", "--worker-id", "r-att"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert rollout.returncode == 2, rollout.stderr
+    assert "r-att: attention math > " in rollout.stdout + rollout.stderr
+    trainer = subprocess.run(
+        [
+            *(sys.executable, "-m", "omnirl.trainer.cli"),
+            *("--config", "examples/shapes_flow_grpo.yaml", "--replay", str(tmp_path / "absent")),
+            "train.attention=cudnn",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert trainer.returncode == 2 and "not a recording directory" in trainer.stderr
+    assert "trainer: attention cudnn > " in trainer.stdout + trainer.stderr

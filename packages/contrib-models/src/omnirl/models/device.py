@@ -62,3 +62,29 @@ def attention_backend(name: str) -> contextlib.AbstractContextManager:
     }
     order = [kernels[name]] + [k for n, k in kernels.items() if n != name]
     return sdpa_kernel(order, set_priority=True)
+
+
+def describe_attention_backends() -> str:
+    """The SDPA kernels torch's flags allow now, most preferred first, e.g.
+    ``"cudnn > flash > efficient > math"``: a GPU takes the first that supports the call; a
+    CPU runs flash whenever it is allowed, math otherwise (it does not read the order).
+    Logged at start, so a run shows the kernels it ran with."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    names = {
+        SDPBackend.FLASH_ATTENTION: "flash",
+        SDPBackend.EFFICIENT_ATTENTION: "efficient",
+        SDPBackend.CUDNN_ATTENTION: "cudnn",
+        SDPBackend.MATH: "math",
+    }
+    enabled = {
+        "flash": torch.backends.cuda.flash_sdp_enabled(),
+        "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+        "math": torch.backends.cuda.math_sdp_enabled(),
+    }
+    get_order = getattr(torch._C, "_get_sdp_priority_order", None)  # private; absent: flag order
+    order = [SDPBackend(int(i)) for i in get_order()] if get_order else list(names)
+    chosen = [names[b] for b in order if b in names and enabled[names[b]]]
+    return " > ".join(chosen) or "none"

@@ -95,10 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from omnirl.models.device import attention_backend
-
-    # the process's SDPA kernel, for every compile and call from here on (torch-global flags)
-    attention_backend(args.attention).__enter__()
     from omnirl.protocol.auth import SecurityConfig
     from omnirl.rollout.worker import RolloutWorker, RolloutWorkerConfig
 
@@ -120,7 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: worker.stop())
-    code = worker.run()
+    from omnirl.models.device import attention_backend, describe_attention_backends
+
+    # the SDPA kernel for every compile and call of the run (torch-global flags, held open
+    # for the whole run: a context entered and dropped would be undone at once)
+    with attention_backend(args.attention):
+        logging.getLogger("omnirl.rollout").info(
+            "%s: attention %s", args.worker_id or "rollout", describe_attention_backends()
+        )
+        code = worker.run()
     # Leave without interpreter teardown: with torch's thread pools alive it can abort
     # ("terminate called without an active exception", exit -6) after a clean run.
     logging.shutdown()

@@ -102,11 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(cfg.run.threads)
-    from omnirl.models.device import attention_backend
+    from omnirl.models.device import attention_backend, describe_attention_backends
 
-    # the process's SDPA kernel, for every compile and call from here on (torch-global flags)
-    attention_backend(cfg.train.attention).__enter__()
+    # the SDPA kernel for every compile and call of the run (torch-global flags, held open
+    # for the whole run: a context entered and dropped would be undone at once)
+    with attention_backend(cfg.train.attention):
+        log.info("trainer: attention %s", describe_attention_backends())
+        return _serve(args, cfg, log)
+
+
+def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
+    """Build the backend and server the arguments ask for, and run it to the end."""
     from omnirl.trainer.backend import AdapterBackend
+    from omnirl.trainer.config import ConfigError
     from omnirl.trainer.data import DataError
     from omnirl.trainer.server import TrainerServer
 
