@@ -161,3 +161,18 @@ def test_cores_are_shared_between_trainer_and_rollout_workers():
     assert share_cores(1, cores=16) == 8
     assert share_cores(3, cores=16) == 4
     assert share_cores(8, cores=4) == 1  # never fewer than one thread
+
+
+def test_rollout_workers_get_the_runs_dtype_and_compile_unless_told_otherwise():
+    from omnirl.tools.launch import rollout_arguments
+    from omnirl.trainer.config import load_config
+
+    base = ["model.path=x", "data.prompts=p"]
+    cfg = load_config(None, [*base, "run.dtype=bfloat16", "train.compile=true"])
+    assert rollout_arguments("", cfg, 1) == ["--threads", "1", "--dtype", "bfloat16", "--compile"]
+    given = "--threads=2 --dtype float32 --compile-mode max-autotune-no-cudagraphs"
+    assert rollout_arguments(given, cfg, 1) == given.split()
+    plain = load_config(None, base)
+    assert rollout_arguments("--capacity 2", plain, 3) == [
+        *("--capacity", "2", "--threads", "3", "--dtype", "float32")
+    ]

@@ -7,7 +7,9 @@ then M reward and N rollout workers pointed at it. Every child's output is prefi
 
 The machine's cores are shared out: the trainer (on the CPU) and each rollout worker get
 ``cores // (rollouts + 1)`` torch threads (at least 1) unless the config or the rollout
-arguments say otherwise.
+arguments say otherwise. The rollout workers run at the trainer's ``run.dtype`` (the same
+numerics on both sides of the log-prob ratio) and compile when ``train.compile`` is on,
+unless ``--rollout-args`` names ``--dtype`` or ``--compile`` itself.
 
 Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
 (SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
@@ -96,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.run.threads == 0 and cfg.run.device == "cpu":
         trainer.append(f"run.threads={threads}")
     trainer += list(args.overrides)
-    rollout_args = shlex.split(args.rollout_args)
-    if "--threads" not in rollout_args and not any(
-        a.startswith("--threads=") for a in rollout_args
-    ):
-        rollout_args += ["--threads", str(threads)]
+    rollout_args = rollout_arguments(args.rollout_args, cfg, threads)
     launcher = Launcher(
         output_dir=output_dir,
         trainer_argv=trainer,
@@ -112,6 +110,24 @@ def run(args: argparse.Namespace) -> int:
         grace_s=args.grace,
     )
     return launcher.run()
+
+
+def rollout_arguments(given: str, cfg, threads: int) -> list[str]:
+    """The rollout workers' arguments: ``given`` (``--rollout-args``) plus ``--threads``,
+    ``--dtype run.dtype`` and, with ``train.compile``, ``--compile``, where it names none."""
+    argv = shlex.split(given)
+    if not _names(argv, "--threads"):
+        argv += ["--threads", str(threads)]
+    if not _names(argv, "--dtype"):
+        argv += ["--dtype", str(cfg.run.dtype)]
+    if cfg.train.compile and not _names(argv, "--compile", "--compile-mode"):
+        argv.append("--compile")
+    return argv
+
+
+def _names(argv: list[str], *options: str) -> bool:
+    """Whether ``argv`` gives any of ``options`` (``--opt value`` or ``--opt=value``)."""
+    return any(a in options or a.split("=", 1)[0] in options for a in argv)
 
 
 def share_cores(num_rollout: int, cores: int | None = None) -> int:
