@@ -45,11 +45,11 @@ class Float32Attention(TorchFunctionMode):
     """Inside it, ``scaled_dot_product_attention`` on half-precision inputs runs in float32
     and returns the inputs' dtype; every other call is untouched.
 
-    For half-precision models on a CPU: torch's CPU flash-attention backward in bf16 is far
-    slower than in float32 (ShapesT2I, 64 + 16 tokens, head dim 24: 1.44 s against 0.18 s of
-    a 2.6 s LoRA step; the math kernel is slower still), while the matmuls around it are
-    faster in bf16. A float32 attention keeps the bf16 model 1.26x faster than float32 to
-    train eagerly and 1.5x compiled (``docs/benchmarks.md``, "bf16 on a CPU").
+    For half-precision models on a CPU: torch's CPU attention forward + backward in bf16 is
+    4.7x slower than in float32 at ShapesT2I's shape (80 tokens, head dim 24), while the
+    matmuls around it are faster in bf16; with the attention in float32 the quick start's
+    bf16 training step is 1.56x float32's eagerly and 1.99x compiled (``docs/benchmarks.md``,
+    "bf16 on a CPU", ``benchmarks/cpu_precision.py``).
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
