@@ -71,25 +71,33 @@ class Float32Attention(TorchFunctionMode):
 ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
 
 
-def attention_backend(name: str) -> contextlib.AbstractContextManager:
-    """A context in which SDPA prefers the named kernel (``"default"``: torch's choice).
+def _sdpa_kernels() -> dict:
+    """Kernel name -> ``torch.nn.attention.SDPBackend``."""
+    from torch.nn.attention import SDPBackend
 
-    The named kernel goes first and the others follow as fallbacks (for shapes or dtypes it
-    does not support). Enter it around compilation as well as the calls: a compiled graph
-    keeps the kernel it was traced with. Raises ``ValueError`` for an unknown name.
-    """
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; known: {list(ATTENTION_BACKENDS)}")
-    if name == "default":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    kernels = {
+    return {
         "flash": SDPBackend.FLASH_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "math": SDPBackend.MATH,
     }
+
+
+def attention_backend(name: str) -> contextlib.AbstractContextManager:
+    """A context in which SDPA prefers the named kernel (``"default"``: torch's choice).
+
+    The named kernel goes first and the others follow as fallbacks (for shapes or dtypes it
+    does not support). Enter it around compilation as well as the calls: a compiled graph
+    keeps the kernel it was traced with; keep it entered for as long as it should hold (an
+    entered context that is dropped is undone). Raises ``ValueError`` for an unknown name.
+    """
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; known: {list(ATTENTION_BACKENDS)}")
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+
+    kernels = _sdpa_kernels()
     order = [kernels[name]] + [k for n, k in kernels.items() if n != name]
     return sdpa_kernel(order, set_priority=True)
 
@@ -99,21 +107,16 @@ def describe_attention_backends() -> str:
     ``"cudnn > flash > efficient > math"``: a GPU takes the first that supports the call; a
     CPU runs flash whenever it is allowed, math otherwise (it does not read the order).
     Logged at start, so a run shows the kernels it ran with."""
-    import torch
     from torch.nn.attention import SDPBackend
 
-    names = {
-        SDPBackend.FLASH_ATTENTION: "flash",
-        SDPBackend.EFFICIENT_ATTENTION: "efficient",
-        SDPBackend.CUDNN_ATTENTION: "cudnn",
-        SDPBackend.MATH: "math",
-    }
+    flags = torch.backends.cuda
     enabled = {
-        "flash": torch.backends.cuda.flash_sdp_enabled(),
-        "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-        "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
-        "math": torch.backends.cuda.math_sdp_enabled(),
+        "flash": flags.flash_sdp_enabled(),
+        "efficient": flags.mem_efficient_sdp_enabled(),
+        "cudnn": flags.cudnn_sdp_enabled(),
+        "math": flags.math_sdp_enabled(),
     }
+    names = {kernel: name for name, kernel in _sdpa_kernels().items()}
     get_order = getattr(torch._C, "_get_sdp_priority_order", None)  # private; absent: flag order
     order = [SDPBackend(int(i)) for i in get_order()] if get_order else list(names)
     chosen = [names[b] for b in order if b in names and enabled[names[b]]]
