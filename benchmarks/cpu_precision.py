@@ -23,7 +23,6 @@ processes hits all alike; medians are reported, as ratios to the float32 eager s
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,74 +31,59 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_report import replace_section  # noqa: E402
+from compare_report import replace_section
+from shapes_quick_start import (
+    CONFIG,
+    ROOT,
+    quick_start_sampling,
+    random_lora_update,
+    training_leases,
+)
 
-from omnirl.models.compile import CompileConfig  # noqa: E402
-from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter  # noqa: E402
-from omnirl.models.shapes_t2i.training_adapter import ShapesT2ITrainingAdapter  # noqa: E402
-from omnirl.models.transitions import collate_transitions  # noqa: E402
-from omnirl.models.weights import lora_state, lora_targets  # noqa: E402
-from omnirl.protocol.messages import PromptSpec, SamplingParams  # noqa: E402
-from omnirl.trainer.config import LoraConfig, load_config  # noqa: E402
+from omnirl.models.compile import CompileConfig
+from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter
+from omnirl.models.shapes_t2i.training_adapter import ShapesT2ITrainingAdapter
+from omnirl.models.transitions import collate_transitions
+from omnirl.models.weights import lora_targets
+from omnirl.trainer.config import LoraConfig, load_config
 
-CONFIG = ROOT / "examples" / "shapes_flow_grpo.yaml"
-PROMPTS = ROOT / "examples" / "prompts" / "shapes_train.jsonl"
 SIDES = ("float32 eager", "bf16 eager", "float32 compiled", "bf16 compiled")
 
 
-def _sampling(cfg) -> SamplingParams:
-    s = cfg.sampling
-    return SamplingParams(
-        group_size=cfg.data.group_size,
-        num_steps=s.num_steps,
-        guidance_scale=s.guidance_scale,
-        height=s.height,
-        width=s.width,
-        sde_window=tuple(s.sde_window) if s.sde_window is not None else None,
-        seed=1,
-        **({} if s.same_initial_noise is None else {"same_initial_noise": s.same_initial_noise}),
+def build_sides(build: Callable[[torch.dtype], object]) -> dict[str, object]:
+    """One adapter per side of :data:`SIDES`: ``build(dtype)``, compiled where the side is."""
+    sides = {}
+    for name in SIDES:
+        adapter = build(torch.bfloat16 if name.startswith("bf16") else torch.float32)
+        if "compiled" in name:
+            adapter.compile(CompileConfig())
+        sides[name] = adapter
+    return sides
+
+
+def rollout_adapter(cfg, update: dict[str, torch.Tensor], dtype) -> ShapesT2IRolloutAdapter:
+    """The rollout's adapter as ``rollout --lora-mode auto`` runs it: merged in float32, a
+    branch in bf16, holding ``update``."""
+    lora = LoraConfig.peft_kwargs(cfg.model.lora)
+    adapter = ShapesT2IRolloutAdapter.from_pretrained(ROOT / cfg.model.path, dtype=dtype, lora=lora)
+    if dtype == torch.float32:
+        adapter.merge_lora()
+    adapter.load_weights("lora", update)
+    return adapter
+
+
+def training_adapter(cfg, update: dict[str, torch.Tensor], dtype) -> ShapesT2ITrainingAdapter:
+    """The trainer's adapter with its (float32) LoRA parameters set to ``update``."""
+    lora = LoraConfig.peft_kwargs(cfg.model.lora)
+    adapter = ShapesT2ITrainingAdapter.from_pretrained(
+        ROOT / cfg.model.path, dtype=dtype, lora=lora
     )
-
-
-def _side(name: str) -> tuple[torch.dtype, bool]:
-    return (torch.bfloat16 if name.startswith("bf16") else torch.float32), "compiled" in name
-
-
-def rollout_sides(cfg, update: dict[str, torch.Tensor]) -> dict[str, ShapesT2IRolloutAdapter]:
-    lora = LoraConfig.peft_kwargs(cfg.model.lora)
-    sides = {}
-    for name in SIDES:
-        dtype, compiled = _side(name)
-        adapter = ShapesT2IRolloutAdapter.from_pretrained(
-            ROOT / cfg.model.path, dtype=dtype, lora=lora
-        )
-        if dtype == torch.float32:
-            adapter.merge_lora()
-        adapter.load_weights("lora", update)
-        if compiled:
-            adapter.compile(CompileConfig())
-        sides[name] = adapter
-    return sides
-
-
-def training_sides(cfg, update: dict[str, torch.Tensor]) -> dict[str, ShapesT2ITrainingAdapter]:
-    lora = LoraConfig.peft_kwargs(cfg.model.lora)
-    sides = {}
-    for name in SIDES:
-        dtype, compiled = _side(name)
-        adapter = ShapesT2ITrainingAdapter.from_pretrained(
-            ROOT / cfg.model.path, dtype=dtype, lora=lora
-        )
-        with torch.no_grad():
-            targets = lora_targets(adapter.transformer)
-            for key, value in update.items():
-                targets[key].copy_(value)
-        if compiled:
-            adapter.compile(CompileConfig())
-        sides[name] = adapter
-    return sides
+    with torch.no_grad():
+        targets = lora_targets(adapter.transformer)
+        for key, value in update.items():
+            targets[key].copy_(value)
+    return adapter
 
 
 def time_alternating(
@@ -145,24 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = load_config(CONFIG)
-    sampling = _sampling(cfg)
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:64]]
-
-    def lease(i: int) -> list[PromptSpec]:
-        row = rows[i % len(rows)]
-        return [PromptSpec(group_id=f"g{i}", text=row["prompt"], metadata=row["metadata"])]
-
+    sampling = quick_start_sampling(cfg)
+    lease = training_leases()
     lora = LoraConfig.peft_kwargs(cfg.model.lora)
     probe = ShapesT2IRolloutAdapter.from_pretrained(ROOT / cfg.model.path, lora=lora)
-    gen = torch.Generator().manual_seed(0)
-    update = {
-        k: torch.randn(v.shape, generator=gen) * 0.02
-        for k, v in lora_state(probe.transformer).items()
-    }
+    update = random_lora_update(probe.transformer)
     probe.load_weights("lora", update)
 
     # rollout
-    roll = rollout_sides(cfg, update)
+    roll = build_sides(lambda dtype: rollout_adapter(cfg, update, dtype))
     counter = iter(range(10**9))
 
     def sample(adapter) -> None:
@@ -184,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             lease(len(groups)), sampling, lease_id="l", worker_id="w", policy_version=0
         )
     batch = collate_transitions(groups, 0).select(torch.arange(micro))
-    sde_type = "sde"
-    train = training_sides(cfg, update)
+    sde_type = sampling.sde_type
+    train = build_sides(lambda dtype: training_adapter(cfg, update, dtype))
 
     def step(adapter):
         out = adapter.transition(batch, sde_type=sde_type)

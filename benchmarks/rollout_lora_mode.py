@@ -14,7 +14,6 @@ both sides alike; the table reports medians. Also checks that both sample the sa
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,17 +21,18 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_report import replace_section  # noqa: E402
+from compare_report import replace_section
+from shapes_quick_start import (
+    CONFIG,
+    ROOT,
+    quick_start_sampling,
+    random_lora_update,
+    training_leases,
+)
 
-from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter  # noqa: E402
-from omnirl.models.weights import lora_state  # noqa: E402
-from omnirl.protocol.messages import PromptSpec, SamplingParams  # noqa: E402
-from omnirl.trainer.config import LoraConfig, load_config  # noqa: E402
-
-CONFIG = ROOT / "examples" / "shapes_flow_grpo.yaml"
-PROMPTS = ROOT / "examples" / "prompts" / "shapes_train.jsonl"
+from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter
+from omnirl.trainer.config import LoraConfig, load_config
 
 
 def build(cfg, merged: bool, update: dict[str, torch.Tensor] | None) -> ShapesT2IRolloutAdapter:
@@ -53,29 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = load_config(CONFIG)
-    gen = torch.Generator().manual_seed(0)
-    update = {
-        k: torch.randn(v.shape, generator=gen) * 0.02
-        for k, v in lora_state(build(cfg, False, None).transformer).items()
-    }
+    update = random_lora_update(build(cfg, False, None).transformer)
     sides = {"branch": build(cfg, False, update), "merged": build(cfg, True, update)}
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:64]]
-    s = cfg.sampling
-    sampling = SamplingParams(
-        group_size=cfg.data.group_size,
-        num_steps=s.num_steps,
-        guidance_scale=s.guidance_scale,
-        height=s.height,
-        width=s.width,
-        sde_window=tuple(s.sde_window) if s.sde_window is not None else None,
-        seed=1,
-        **({} if s.same_initial_noise is None else {"same_initial_noise": s.same_initial_noise}),
-    )
+    sampling = quick_start_sampling(cfg)
     g = sampling.group_size
-
-    def lease(i: int) -> list[PromptSpec]:
-        row = rows[i % len(rows)]
-        return [PromptSpec(group_id=f"g{i}", text=row["prompt"], metadata=row["metadata"])]
+    lease = training_leases()
 
     def sample(adapter, i):
         start = time.perf_counter()
@@ -94,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             f"Measured {time.strftime('%Y-%m-%d')}: `uv run python benchmarks/rollout_lora_mode.py "
             f"--repeats {args.repeats} --threads {args.threads}` (torch {torch.__version__}, "
-            f"{args.threads} thread(s)); leases of one group of {g}, {s.num_steps} steps, "
-            f"CFG {s.guidance_scale:g} (`{CONFIG.relative_to(ROOT)}`).",
+            f"{args.threads} thread(s)); leases of one group of {g}, {sampling.num_steps} steps, "
+            f"CFG {sampling.guidance_scale:g} (`{CONFIG.relative_to(ROOT)}`).",
             "",
             "| LoRA in the rollout | samples/s (median) | vs branch |",
             "|---|---:|---:|",

@@ -172,32 +172,10 @@ class FleetControl:
         )
 
     def _sampling(self, lease_id: str) -> SamplingParams:
-        from omnirl.trainer.algorithms.windows import lease_sampling
+        from omnirl.trainer.algorithms.windows import lease_sampling_params
 
-        s = self.cfg.sampling
         seed = zlib.crc32(f"{self.cfg.run.seed}:{lease_id}".encode())
-        return SamplingParams(
-            group_size=self.cfg.data.group_size,
-            seed=seed,
-            num_steps=s.num_steps,
-            guidance_scale=s.guidance_scale,
-            height=s.height,
-            width=s.width,
-            negative_prompt=s.negative_prompt,
-            record_images=s.record_images,
-            # sde_type, noise_level, sde_window (the algorithm's window policy, one window
-            # per lease), same_initial_noise: the config's where set, else the algorithm's.
-            **lease_sampling(
-                self.cfg.algorithm.name,
-                seed=seed,
-                step=self.step,
-                num_steps=s.num_steps,
-                sde_type=s.sde_type or self.backend.sde_type,
-                noise_level=s.noise_level,
-                sde_window=s.sde_window,
-                same_initial_noise=s.same_initial_noise,
-            ),
-        )
+        return lease_sampling_params(self.cfg, seed=seed, step=self.step)
 
     def _expire(self, now: float) -> None:
         before = set(self.ledger.workers)

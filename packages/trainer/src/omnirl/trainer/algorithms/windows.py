@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from omnirl.protocol.messages import DiffusionTrajectoryGroup
+from omnirl.protocol.messages import DiffusionTrajectoryGroup, SamplingParams
 
 SCHEDULES = ("random", "progressive")
 
@@ -207,6 +208,34 @@ def window_buckets(groups: Sequence[DiffusionTrajectoryGroup]) -> list[list[int]
                 )
         buckets.setdefault((g.sampling.num_steps, *steps), []).append(i)
     return list(buckets.values())
+
+
+def lease_sampling_params(cfg: Any, *, seed: int, step: int = 0) -> SamplingParams:
+    """The ``SamplingParams`` of a lease the trainer of config ``cfg`` issues with ``seed``
+    at optimisation step ``step``: the config's group size, schedule, guidance and size, and
+    (:func:`lease_sampling`) the SDE variant, noise level, window and shared initial noise,
+    the config's where set, else the algorithm's."""
+    s = cfg.sampling
+    return SamplingParams(
+        group_size=cfg.data.group_size,
+        seed=seed,
+        num_steps=s.num_steps,
+        guidance_scale=s.guidance_scale,
+        height=s.height,
+        width=s.width,
+        negative_prompt=s.negative_prompt,
+        record_images=s.record_images,
+        **lease_sampling(
+            cfg.algorithm.name,
+            seed=seed,
+            step=step,
+            num_steps=s.num_steps,
+            sde_type=s.sde_type,
+            noise_level=s.noise_level,
+            sde_window=s.sde_window,
+            same_initial_noise=s.same_initial_noise,
+        ),
+    )
 
 
 def lease_sampling(
