@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -228,11 +229,12 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
         ctx.destroy(linger=0)
 
 
-@pytest.mark.timeout(60)
-def test_resumed_run_with_its_minutes_spent_stops_without_training(tmp_path):
-    cfg = _config(tmp_path, "max_steps=1")
-    server, thread, result, address = _start(cfg, NullBackend())
+def _run_one_step_and_stop(tmp_path) -> tuple[list[str], Path, dict]:
+    """A run of ``max_steps=1`` over the wire, stopped: the group ids it leased, its step-1
+    checkpoint's ``state.pt`` and what that holds (the address file removed, for a resume)."""
+    server, thread, result, address = _start(_config(tmp_path, "max_steps=1"), NullBackend())
     ctx = zmq.Context()
+    seen = []
     try:
         Peer(ctx, zmq.DEALER, address).ask(
             Hello(role="reward", worker_id="s", address="tcp://127.0.0.1:9")
@@ -243,6 +245,7 @@ def test_resumed_run_with_its_minutes_spent_stops_without_training(tmp_path):
         )
         for _ in range(2):
             lease = control.ask(LeaseRequest(worker_id="r"))
+            seen.append(lease.prompts[0].group_id)
             intake.send(_scored(lease, lease.prompts[0]))
         thread.join(10)
         assert result.get("rc") == 0
@@ -250,12 +253,16 @@ def test_resumed_run_with_its_minutes_spent_stops_without_training(tmp_path):
         server.request_stop()
         thread.join(10)
         ctx.destroy(linger=0)
-
     (tmp_path / "run" / ADDRESS_FILE).unlink()
     state_file = tmp_path / "run" / "checkpoints" / "step_00000001" / "state.pt"
-    saved = torch.load(state_file)
+    return seen, state_file, torch.load(state_file)
+
+
+@pytest.mark.timeout(60)
+def test_resumed_run_with_its_minutes_spent_stops_without_training(tmp_path):
+    _, state_file, saved = _run_one_step_and_stop(tmp_path)
     torch.save({**saved, "elapsed_s": 61.0}, state_file)  # a 1-minute run, already over
-    server, thread, result, address = _start(
+    server, thread, result, _ = _start(
         _config(tmp_path, "max_steps=5", "max_minutes=1"), NullBackend(), resume=True
     )
     try:
@@ -269,36 +276,12 @@ def test_resumed_run_with_its_minutes_spent_stops_without_training(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_resume_continues_version_and_data_order(tmp_path):
-    cfg = _config(tmp_path, "max_steps=1")
-    server, thread, result, address = _start(cfg, NullBackend())
-    ctx = zmq.Context()
-    seen = []
-    try:
-        control = Peer(ctx, zmq.DEALER, address)
-        Peer(ctx, zmq.DEALER, address).ask(
-            Hello(role="reward", worker_id="s", address="tcp://127.0.0.1:9")
-        )
-        welcome = control.ask(Hello(role="rollout", worker_id="r"))
-        intake = Peer(ctx, zmq.PUSH, welcome.topology.intake)
-        for _ in range(2):
-            lease = control.ask(LeaseRequest(worker_id="r"))
-            seen.append(lease.prompts[0].group_id)
-            intake.send(_scored(lease, lease.prompts[0]))
-        thread.join(10)
-        assert result.get("rc") == 0
-    finally:
-        server.request_stop()
-        thread.join(10)
-        ctx.destroy(linger=0)
-
-    (tmp_path / "run" / ADDRESS_FILE).unlink()
-    state_file = tmp_path / "run" / "checkpoints" / "step_00000001" / "state.pt"
-    saved = torch.load(state_file)
+    seen, state_file, saved = _run_one_step_and_stop(tmp_path)
     assert saved["elapsed_s"] > 0.05  # at least the one step's sleep
     # 10 more minutes on the recorded clock: only a restored clock can read above them
     torch.save({**saved, "elapsed_s": saved["elapsed_s"] + 600.0}, state_file)
     cfg2 = _config(tmp_path, "max_steps=2", "max_minutes=60")
-    server, thread, result, address = _start(cfg2, NullBackend(), resume=True)
+    server, thread, _, address = _start(cfg2, NullBackend(), resume=True)
     ctx = zmq.Context()
     try:
         assert server.version == 1 and server.step == 1
@@ -310,7 +293,7 @@ def test_resume_continues_version_and_data_order(tmp_path):
         )
         assert control.ask(Hello(role="rollout", worker_id="r")).policy_version == 1
         lease = control.ask(LeaseRequest(worker_id="r"))
-        straight = [p.group_id for p in server.prompts.__class__.from_config(cfg.data).take(3)]
+        straight = [p.group_id for p in server.prompts.__class__.from_config(cfg2.data).take(3)]
         assert [*seen, lease.prompts[0].group_id] == straight
     finally:
         server.request_stop()
