@@ -50,9 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout", type=int, default=1, help="rollout workers (default 1)")
     parser.add_argument("--reward", type=int, default=1, help="reward workers (default 1)")
     parser.add_argument("--resume", action="store_true", help="resume the trainer")
-    parser.add_argument("--rollout-args", default="", help="extra rollout arguments (one string)")
-    parser.add_argument("--reward-args", default="", help="extra reward arguments (one string)")
-    parser.add_argument("--trainer-args", default="", help="extra trainer arguments (one string)")
+    # argparse reads "--rollout-args --compile" as two options: the value needs the "=" form
+    for role in ("rollout", "reward", "trainer"):
+        parser.add_argument(
+            f"--{role}-args",
+            default="",
+            help=f"extra {role} arguments as one string; one that starts with a dash "
+            f'needs the "=" form: --{role}-args="--flag value"',
+        )
     parser.add_argument(
         "--address-timeout",
         type=float,
