@@ -36,7 +36,6 @@ from compare_report import replace_section
 from shapes_quick_start import (
     CONFIG,
     ROOT,
-    quick_start_sampling,
     random_lora_update,
     training_leases,
 )
@@ -46,6 +45,7 @@ from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter
 from omnirl.models.shapes_t2i.training_adapter import ShapesT2ITrainingAdapter
 from omnirl.models.transitions import collate_transitions
 from omnirl.models.weights import lora_targets
+from omnirl.trainer.algorithms.windows import lease_sampling_params
 from omnirl.trainer.config import LoraConfig, load_config
 
 SIDES = ("float32 eager", "bf16 eager", "float32 compiled", "bf16 compiled")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = load_config(CONFIG)
-    sampling = quick_start_sampling(cfg)
+    sampling = lease_sampling_params(cfg, seed=1)  # what the trainer leases
     lease = training_leases()
     lora = LoraConfig.peft_kwargs(cfg.model.lora)
     probe = ShapesT2IRolloutAdapter.from_pretrained(ROOT / cfg.model.path, lora=lora)

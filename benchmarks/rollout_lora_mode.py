@@ -26,12 +26,12 @@ from compare_report import replace_section
 from shapes_quick_start import (
     CONFIG,
     ROOT,
-    quick_start_sampling,
     random_lora_update,
     training_leases,
 )
 
 from omnirl.models.shapes_t2i.rollout_adapter import ShapesT2IRolloutAdapter
+from omnirl.trainer.algorithms.windows import lease_sampling_params
 from omnirl.trainer.config import LoraConfig, load_config
 
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(CONFIG)
     update = random_lora_update(build(cfg, False, None).transformer)
     sides = {"branch": build(cfg, False, update), "merged": build(cfg, True, update)}
-    sampling = quick_start_sampling(cfg)
+    sampling = lease_sampling_params(cfg, seed=1)  # what the trainer leases
     g = sampling.group_size
     lease = training_leases()
 

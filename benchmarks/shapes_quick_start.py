@@ -1,5 +1,5 @@
-"""What the CPU benchmarks of the quick start share: its config, the sampling of its leases,
-leases of its training prompts, and a random LoRA update for its model.
+"""What the CPU benchmarks of the quick start share: its config, leases of its training
+prompts, and a random LoRA update for its model.
 
 Imported by ``rollout_lora_mode.py`` and ``cpu_precision.py`` (not run on its own).
 """
@@ -13,17 +13,11 @@ from pathlib import Path
 import torch
 
 from omnirl.models.weights import lora_state
-from omnirl.protocol.messages import PromptSpec, SamplingParams
-from omnirl.trainer.algorithms.windows import lease_sampling_params
+from omnirl.protocol.messages import PromptSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "shapes_flow_grpo.yaml"
 PROMPTS = ROOT / "examples" / "prompts" / "shapes_train.jsonl"
-
-
-def quick_start_sampling(cfg) -> SamplingParams:
-    """The ``SamplingParams`` the trainer of ``cfg`` puts in a lease (seed 1, step 0)."""
-    return lease_sampling_params(cfg, seed=1)
 
 
 def training_leases(limit: int = 64) -> Callable[[int], list[PromptSpec]]:

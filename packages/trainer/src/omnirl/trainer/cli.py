@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     with attention_backend(cfg.train.attention):
         log.info("trainer: attention %s", describe_attention_backends())
         code = _serve(args, cfg, log)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if _under_torchrun():
         _exit_rank(code)
     return code
 
@@ -130,7 +130,7 @@ def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
 
         enable_determinism()
     dist_info = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by torchrun: one rank of several
+    if _under_torchrun():
         if args.preferences is not None:
             print("trainer: --preferences runs in one process, not under torchrun", file=sys.stderr)
             return 2
@@ -206,6 +206,11 @@ def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
         if dist_info is not None:
             backend.close()  # the follower ranks leave
     return code
+
+
+def _under_torchrun() -> bool:
+    """Started by ``torchrun`` as one rank of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def _exit_rank(code: int) -> NoReturn:
