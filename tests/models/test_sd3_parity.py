@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -220,3 +222,43 @@ def test_bf16_model_with_fp32_lora_keeps_exact_parity(tiny_sd3_path, test_device
     with torch.no_grad():
         new = train.transition(batch, sde_type="sde").log_prob.cpu()
     torch.testing.assert_close(new, batch.old_log_probs, atol=1e-5, rtol=0)
+
+
+def _rows_per_call(module: torch.nn.Module) -> tuple[list[int], object]:
+    rows: list[int] = []
+    hook = module.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(int(kw["hidden_states"].shape[0])), with_kwargs=True
+    )
+    return rows, hook
+
+
+def test_shared_initial_noise_runs_the_model_once_per_group_with_the_same_numbers(trainer, rollout):
+    """Before a group's first stochastic step its samples share one input: both sides run the
+    transformer on one row per group there, and the log-probs and gradients are those of
+    running every row."""
+    rows, hook = _rows_per_call(rollout.transformer)
+    try:
+        groups = sample(rollout, "sde", same_initial_noise=True)
+    finally:
+        hook.remove()
+    # 2 prompts x 2 samples, CFG doubles the rows; step 0 is the window's first (stochastic)
+    assert rows == [4, 8, 8, 8]
+    batch = collate_transitions(groups, 0)
+    assert batch.input_id.tolist() == [0, 0, 2, 2]
+    distinct = dataclasses.replace(batch, input_id=None)
+    rows, hook = _rows_per_call(trainer.transformer)
+    grads, log_probs = [], []
+    try:
+        for b in (batch, distinct):
+            out = trainer.transition(b, sde_type="sde")
+            (out.log_prob * torch.arange(1.0, 5.0, device=out.log_prob.device)).sum().backward()
+            log_probs.append(out.log_prob.detach().cpu())
+            grads.append(torch.cat([p.grad.flatten() for p in trainer.trainable_parameters()]))
+            trainer.transformer.zero_grad(set_to_none=True)
+    finally:
+        hook.remove()
+    assert rows == [4, 8]
+    torch.testing.assert_close(log_probs[0], batch.old_log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(log_probs[0], log_probs[1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert grads[0].abs().max() > 0

@@ -109,3 +109,20 @@ def test_bad_sampling_params_raise_clear_errors(rollout):
     with pytest.raises(SamplingError, match="duplicate group_id"):
         sample(rollout, prompts("cat", "cat"), params())
     assert sample(rollout, [], params()) == []
+
+
+def test_shared_initial_noise_runs_one_row_per_group_until_the_first_stochastic_step(rollout):
+    rows: list[int] = []
+    hook = rollout.transformer.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(int(kw["hidden_states"].shape[0])), with_kwargs=True
+    )
+    try:
+        (g,) = sample(rollout, prompts("cat"), params(same_initial_noise=True))
+        (h,) = sample(rollout, prompts("cat"), params(same_initial_noise=False))
+    finally:
+        hook.remove()
+    # window (1, 4): ODE step 0 and stochastic step 1 on one row (x2 for CFG), then 3 rows
+    assert rows == [2, 2, 6, 6, 6] + [6] * STEPS
+    assert torch.equal(g.latents[0, 0], g.latents[2, 0])
+    assert not torch.allclose(g.next_latents[0, 0], g.next_latents[1, 0])
+    assert not torch.equal(h.latents[0, 0], h.latents[1, 0])

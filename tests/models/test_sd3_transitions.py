@@ -6,7 +6,12 @@ import msgspec
 import pytest
 import torch
 
-from omnirl.models.transitions import TransitionBatchError, collate_transitions
+from omnirl.models.transitions import (
+    SharedInputs,
+    TransitionBatchError,
+    collate_transitions,
+    shared_inputs,
+)
 from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
 
 G, K, C, H, W, L, D = 3, 2, 4, 2, 2, 5, 6
@@ -78,3 +83,32 @@ def test_collate_refuses_mixed_schedules_and_missing_fields():
         collate_transitions([latent_free], 0)
     with pytest.raises(TransitionBatchError, match="no groups"):
         collate_transitions([], 0)
+
+
+def test_rows_of_a_group_with_one_x_share_an_input_id():
+    a, b = group("g0"), group("g1", g=2)
+    a.latents[:, 1] = a.latents[0, 1]  # group g0's samples all at one x at k = 1
+    batch = collate_transitions([a, b], 1)
+    assert batch.input_id.tolist() == [0, 0, 0, 3, 4]
+    shared = shared_inputs(batch.input_id)
+    assert shared.first.tolist() == [0, 3, 4] and shared.inverse.tolist() == [0, 0, 0, 1, 2]
+    sub = batch.select([1, 2, 4])  # ids survive micro-batching: the first row need not be in
+    sub_shared = shared_inputs(sub.input_id)
+    assert sub_shared.first.tolist() == [0, 2] and sub_shared.inverse.tolist() == [0, 0, 1]
+    assert collate_transitions([a, b], 0).input_id.tolist() == [0, 1, 2, 3, 4]
+    assert shared_inputs(collate_transitions([a, b], 0).input_id) is None
+    masked = collate_transitions([a, b], 1, sample_mask=[0, 1, 1, 1, 0])
+    assert masked.input_id.tolist() == [0, 0, 2]
+    assert shared_inputs(None) is None
+
+
+def test_one_differing_sample_keeps_its_group_distinct():
+    a = group("g0")
+    a.latents[:, 0] = a.latents[0, 0]
+    a.latents[2, 0, 0, 0, 0] += 1e-6
+    assert collate_transitions([a], 0).input_id.tolist() == [0, 1, 2]
+
+
+def test_shared_inputs_of_groups():
+    s = SharedInputs.of_groups(2, 3, "cpu")
+    assert s.first.tolist() == [0, 3] and s.inverse.tolist() == [0, 0, 0, 1, 1, 1]

@@ -54,6 +54,11 @@ class TransitionBatch:
     k: int  # recorded-step index (into the groups' K axis)
     step_index: int  # index into the sampling schedule
     num_steps: int  # length T of the sampling schedule (to rebuild it, e.g. its sigma_max)
+    # int64 [B]: rows with the same id have identical model inputs (latents, timestep,
+    # conditioning), e.g. a group's samples before their first stochastic step when they share
+    # the initial noise; the model then runs once per id (:func:`shared_inputs`). None: all
+    # rows distinct.
+    input_id: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -82,6 +87,41 @@ class TransitionBatch:
             value = getattr(self, f.name)
             fields[f.name] = value.to(device) if isinstance(value, Tensor) else value
         return TransitionBatch(**fields)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SharedInputs:
+    """Rows that share their model inputs: run the model on ``first`` and expand by ``inverse``.
+
+    ``first`` int64 ``[U]`` one representative row per distinct input; ``inverse`` int64
+    ``[B]`` the position in ``first`` of each row's representative, so
+    ``model(x[first])[inverse]`` equals ``model(x)`` row for row, gradients included
+    (``index_select``'s backward sums the rows that share an input).
+    """
+
+    first: Tensor
+    inverse: Tensor
+
+    @classmethod
+    def of_groups(cls, num_groups: int, group_size: int, device) -> SharedInputs:
+        """Every group of ``group_size`` consecutive rows shares one input."""
+        first = torch.arange(num_groups, device=device) * group_size
+        inverse = torch.arange(num_groups, device=device).repeat_interleave(group_size)
+        return cls(first=first, inverse=inverse)
+
+
+def shared_inputs(input_id: Tensor | None) -> SharedInputs | None:
+    """The :class:`SharedInputs` of a batch's ``input_id`` ``[B]``; None when no two rows
+    share an id (nothing to save)."""
+    if input_id is None:
+        return None
+    ids, inverse = torch.unique(input_id, return_inverse=True)
+    if len(ids) == len(input_id):
+        return None
+    rows = torch.arange(len(input_id), device=input_id.device)
+    first = torch.full((len(ids),), len(input_id), dtype=torch.long, device=input_id.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return SharedInputs(first=first, inverse=inverse)
 
 
 def _same_schedule(groups: Sequence[DiffusionTrajectoryGroup], k: int) -> int:
@@ -178,6 +218,16 @@ def collate_transitions(
                 parts.append(getattr(g, name)[rows, k])
         return torch.cat(parts).to(device=device, dtype=torch.float32)
 
+    def input_ids() -> Tensor:  # [B]: a group's rows share an id where their x_k are equal
+        ids, start = [], 0
+        for i, g in enumerate(groups):
+            n = int((group_index == i).sum())
+            x = g.latents[sample_index[group_index == i], k]
+            same = n > 1 and bool((x == x[:1]).all())
+            ids.append(torch.full((n,), start) if same else torch.arange(start, start + n))
+            start += n
+        return torch.cat(ids)
+
     def per_step(name: str) -> Tensor:  # [K] fields -> [B] float32
         values = torch.stack([getattr(g, name)[k].to(torch.float32) for g in groups])
         return values.index_select(0, group_index).to(device)
@@ -211,4 +261,5 @@ def collate_transitions(
         k=k,
         step_index=step,
         num_steps=int(groups[0].sampling.num_steps),
+        input_id=input_ids().to(device),
     )

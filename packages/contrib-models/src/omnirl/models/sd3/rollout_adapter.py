@@ -41,6 +41,7 @@ from omnirl.models.schedulers import (
 from omnirl.models.sd3.encoder import default_max_sequence_length, encode_sd3_prompts, vae_decode
 from omnirl.models.sd3.lora import add_lora
 from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
+from omnirl.models.transitions import SharedInputs
 from omnirl.models.weights import apply_named_tensors, full_targets, lora_targets
 from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
 
@@ -251,6 +252,10 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         )
         sigma_max = float(sigmas[1])
         rows = n * g
+        # A group's samples from one initial noise stay identical until their first
+        # stochastic step: the transformer runs once per group there.
+        shared = sampling.same_initial_noise and g > 1
+        group_shared = SharedInputs.of_groups(n, g, dev) if shared else None
         rec_x, rec_next, rec_logp = [], [], []
         for i in range(num_steps):
             stochastic = bool(trained[i]) and sampling.sde_type != "ode"
@@ -270,7 +275,10 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                 sigma_max=sigma_max,
                 noise=noise,
                 model_dtype=self.model_dtype,
+                shared=group_shared,
             )
+            if stochastic:
+                group_shared = None
             if stochastic and sampling.record_latents:
                 rec_x.append(x)
                 rec_next.append(out.prev_sample)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from omnirl.models.device import model_autocast
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
+from omnirl.models.transitions import SharedInputs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ def guided_velocity(
     guidance_scale: float,
     *,
     model_dtype: torch.dtype | None = None,
+    shared: SharedInputs | None = None,
 ) -> Tensor:
     """The (classifier-free guided) velocity ``v`` float32 ``[B, C, H, W]``.
 
@@ -91,7 +93,19 @@ def guided_velocity(
     ``model_dtype``: the dtype inputs are cast to (default ``transformer.dtype``, which walks
     the module tree on every call; adapters pass it cached). A half-precision model runs
     under autocast to that dtype (:func:`omnirl.models.device.model_autocast`).
+    ``shared``: rows with identical inputs; the transformer runs on ``shared.first`` only and
+    its velocity is expanded back to ``[B]`` rows (same values, same gradients).
     """
+    if shared is not None:
+        v = guided_velocity(
+            transformer,
+            latents.index_select(0, shared.first),
+            timesteps.index_select(0, shared.first),
+            cond.index_select(shared.first),
+            guidance_scale,
+            model_dtype=model_dtype,
+        )
+        return v.index_select(0, shared.inverse)
     dtype = model_dtype if model_dtype is not None else transformer.dtype
     if cond.do_cfg:
         hidden = torch.cat([latents, latents])
@@ -131,15 +145,23 @@ def sd3_step(
     noise: Tensor | None = None,
     prev_sample: Tensor | None = None,
     model_dtype: torch.dtype | None = None,
+    shared: SharedInputs | None = None,
 ) -> SDEStepOutput:
     """One transition ``x(sigma) -> x(sigma_next)`` with its log-prob (see ``sde_step``).
 
     ``latents`` float32 ``[B, C, H, W]``; ``timesteps``, ``sigmas``, ``next_sigmas`` float32
     ``[B]``; ``noise`` (rollout) or ``prev_sample`` (trainer) float32 ``[B, C, H, W]``;
-    ``sigma_max`` is the schedule's ``sigmas[1]`` (the ``sde`` variance at sigma = 1).
+    ``sigma_max`` is the schedule's ``sigmas[1]`` (the ``sde`` variance at sigma = 1);
+    ``shared``: rows whose model inputs are identical (see :func:`guided_velocity`).
     """
     velocity = guided_velocity(
-        transformer, latents, timesteps, cond, guidance_scale, model_dtype=model_dtype
+        transformer,
+        latents,
+        timesteps,
+        cond,
+        guidance_scale,
+        model_dtype=model_dtype,
+        shared=shared,
     )
     return scheduler.sde_step(
         velocity,

@@ -22,7 +22,7 @@ from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
 from omnirl.models.sd3.lora import add_lora
 from omnirl.models.sd3.step import SD3Conditioning, guided_velocity, sd3_step, set_schedule
-from omnirl.models.transitions import TransitionBatch
+from omnirl.models.transitions import TransitionBatch, shared_inputs
 from omnirl.models.weights import full_state, lora_state, lora_targets
 
 ARCHITECTURE = "StableDiffusion3Pipeline"
@@ -156,6 +156,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             sigma_max=self._schedule_sigma_max(batch),
             prev_sample=batch.next_latents.to(dev),
             model_dtype=self.model_dtype,
+            shared=shared_inputs(_to(batch.input_id, dev)),
         )
 
     # ------------------------------------------------------- forward-process objectives
