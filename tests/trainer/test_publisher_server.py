@@ -28,6 +28,7 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.weights import WeightAssembler
+from omnirl.trainer.balanced_data import BalancedPromptSource
 from omnirl.trainer.config import load_config
 from omnirl.trainer.server import ADDRESS_FILE, TrainerServer
 
@@ -55,7 +56,12 @@ class NullBackend:
 
 def _config(tmp_path, *extra):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(5)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"p{i}", "metadata": {"category": "ab"[i % 2]}}) + "\n"
+            for i in range(5)
+        )
+    )
     return load_config(
         None,
         [
@@ -229,10 +235,12 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
         ctx.destroy(linger=0)
 
 
-def _run_one_step_and_stop(tmp_path) -> tuple[list[str], Path, dict]:
-    """A run of ``max_steps=1`` over the wire, stopped: the group ids it leased, its step-1
-    checkpoint's ``state.pt`` and what that holds (the address file removed, for a resume)."""
-    server, thread, result, address = _start(_config(tmp_path, "max_steps=1"), NullBackend())
+def _run_one_step_and_stop(tmp_path, *extra: str) -> tuple[list[str], Path, dict]:
+    """A run of ``max_steps=1`` (and ``extra`` overrides) over the wire, stopped: the group
+    ids it leased, its step-1 checkpoint's ``state.pt`` and what that holds (the address file
+    removed, for a resume)."""
+    cfg = _config(tmp_path, "max_steps=1", *extra)
+    server, thread, result, address = _start(cfg, NullBackend())
     ctx = zmq.Context()
     seen = []
     try:
@@ -299,6 +307,24 @@ def test_resume_continues_version_and_data_order(tmp_path):
         server.request_stop()
         thread.join(10)
         ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(60)
+def test_balanced_prompts_hear_every_accepted_group_and_resume_with_it(tmp_path):
+    _, _, saved = _run_one_step_and_stop(tmp_path, "data.balance_by=category")
+    strata = saved["data"]["strata"]
+    assert set(strata) == {"a", "b"}
+    # both groups scored 1.0 on every sample: two tied groups reported, no spread
+    assert sorted(o for s in strata.values() for o in s["outcomes"]) == [False, False]
+    cfg2 = _config(tmp_path, "max_steps=2", "data.balance_by=category")
+    server, thread, _, _ = _start(cfg2, NullBackend(), resume=True)
+    try:
+        assert isinstance(server.prompts, BalancedPromptSource)
+        assert server.prompts.state_dict()["strata"] == strata
+        assert min(server.prompts.weights().values()) < 0.5  # a tied stratum weighs less
+    finally:
+        server.request_stop()
+        thread.join(10)
 
 
 class DivergingBackend(NullBackend):

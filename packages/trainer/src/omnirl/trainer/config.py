@@ -83,6 +83,11 @@ class DataConfig:
     prompts_per_lease: int = 1
     shuffle: bool = True
     seed: int = 0
+    # a metadata key (e.g. "category"): draw prompts per value of it, less often from values
+    # whose recent groups all tied (omnirl.trainer.balanced_data); null: the file's order
+    balance_by: str | None = None
+    balance_floor: float = 0.2  # the share of its size a stratum keeps when all its groups tie
+    balance_memory: int = 32  # a stratum's last N reported groups make its spread rate
 
 
 @dataclass
@@ -243,6 +248,8 @@ def _validate(cfg: DictConfig) -> None:
     checks = [
         ("data.group_size", cfg.data.group_size >= 1),
         ("data.prompts_per_lease", cfg.data.prompts_per_lease >= 1),
+        ("data.balance_floor", 0 < cfg.data.balance_floor <= 1),
+        ("data.balance_memory", cfg.data.balance_memory >= 1),
         ("train.groups_per_step", cfg.train.groups_per_step >= 1),
         ("train.max_staleness", cfg.train.max_staleness >= 0),
         ("max_steps", cfg.max_steps >= 0),

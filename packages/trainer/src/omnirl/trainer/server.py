@@ -39,6 +39,7 @@ from omnirl.protocol.messages import (
     Refusal,
     WeightRequest,
 )
+from omnirl.trainer.balanced_data import BalancedPromptSource
 from omnirl.trainer.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -86,7 +87,8 @@ class TrainerServer(FleetControl):
         """``intake_tap(frames)`` sees every raw intake message before it is decoded (the
         hook a recorder attaches to); an exception in it is logged, never fatal. ``prompts``
         replaces the prompt source of ``data.prompts`` (same ``next`` / ``state_dict`` /
-        ``load_state_dict``; the offline preference mode passes its pairs)."""
+        ``load_state_dict``, and ``observe(prompt, rewards)`` if it adapts to the rewards;
+        the offline preference mode passes its pairs)."""
         self.cfg = cfg
         self.intake_tap = intake_tap
         self.backend = backend
@@ -100,7 +102,11 @@ class TrainerServer(FleetControl):
             max_reissues=rt.max_reissues,
             run_id=self.run_id,
         )
-        self.prompts = prompts if prompts is not None else PromptSource.from_config(cfg.data)
+        if prompts is None:
+            source = BalancedPromptSource if cfg.data.balance_by else PromptSource
+            prompts = source.from_config(cfg.data)
+        self.prompts = prompts
+        self._observe_rewards = getattr(prompts, "observe", None)
         self.intake = Intake(self.ledger, max_bytes=rt.max_message_bytes)
         self.publisher = WeightPublisher(
             chunk_bytes=rt.weight_chunk_bytes,
@@ -309,6 +315,8 @@ class TrainerServer(FleetControl):
         group, _ = self.intake.receive(frames, self.version)
         if group is not None:
             self.buffer.append(group)
+            if self._observe_rewards is not None:
+                self._observe_rewards(group.prompt, list(group.rewards.total))
 
     # ---------------------------------------------------------------------------- steps
     def _maybe_start_step(self) -> None:
