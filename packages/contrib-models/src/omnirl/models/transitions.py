@@ -56,8 +56,8 @@ class TransitionBatch:
     num_steps: int  # length T of the sampling schedule (to rebuild it, e.g. its sigma_max)
     # int64 [B]: rows with the same id have identical model inputs (latents, timestep,
     # conditioning), e.g. a group's samples before their first stochastic step when they share
-    # the initial noise; the model then runs once per id (:func:`shared_inputs`). None: all
-    # rows distinct.
+    # the initial noise; the model then runs once per id (:func:`shared_inputs`). None: every
+    # row distinct (what collate gives when no group shares an x).
     input_id: Tensor | None = None
 
     @property
@@ -218,15 +218,18 @@ def collate_transitions(
                 parts.append(getattr(g, name)[rows, k])
         return torch.cat(parts).to(device=device, dtype=torch.float32)
 
-    def input_ids() -> Tensor:  # [B]: a group's rows share an id where their x_k are equal
-        ids, start = [], 0
+    def input_ids() -> Tensor | None:  # [B]: a group's rows share an id where x_k is one
+        ids, start, any_shared = [], 0, False
         for i, g in enumerate(groups):
             n = int((group_index == i).sum())
             x = g.latents[sample_index[group_index == i], k]
             same = n > 1 and bool((x == x[:1]).all())
+            any_shared |= same
             ids.append(torch.full((n,), start) if same else torch.arange(start, start + n))
             start += n
-        return torch.cat(ids)
+        # None where every row is distinct: the model call then needs no unique() (a device
+        # sync on a GPU) to find that out
+        return torch.cat(ids).to(device) if any_shared else None
 
     def per_step(name: str) -> Tensor:  # [K] fields -> [B] float32
         values = torch.stack([getattr(g, name)[k].to(torch.float32) for g in groups])
@@ -261,5 +264,5 @@ def collate_transitions(
         k=k,
         step_index=step,
         num_steps=int(groups[0].sampling.num_steps),
-        input_id=input_ids().to(device),
+        input_id=input_ids(),
     )

@@ -114,7 +114,8 @@ class BalancedPromptSource:
         return {name: w / total for name, w in raw.items()}
 
     def next(self) -> PromptSpec:
-        probs = torch.tensor([self.weights()[n] for n in self.names], dtype=torch.float64)
+        weights = self.weights()
+        probs = torch.tensor([weights[n] for n in self.names], dtype=torch.float64)
         name = self.names[int(torch.multinomial(probs, 1, generator=self.generator))]
         epoch, index = self.strata[name].next_index()
         rec = self.records[index]
