@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write:
         replace_section(
-            ROOT / "docs" / "benchmarks.md", "shared_inputs", text, "## GPU path: SD3.5-Medium"
+            ROOT / "docs" / "benchmarks.md",
+            "shared_inputs",
+            text,
+            "## Shared inputs: one model row per group before the first stochastic step",
         )
     return 0
 

@@ -29,34 +29,25 @@ from typing import Any
 import torch
 
 from omnirl.protocol.messages import PromptSpec
-from omnirl.trainer.data import DataError, read_prompt_records
+from omnirl.trainer.data import DataError, EpochSampler, read_prompt_records
 
 
 class _Stratum:
-    """The prompts of one stratum: dataset indices, walked in a seeded order per epoch."""
+    """The prompts of one stratum: dataset indices, walked by an :class:`EpochSampler` (a
+    seeded permutation per epoch), and whether its recent groups had a reward spread."""
 
     def __init__(self, indices: list[int], seed: int, memory: int):
         self.indices = indices
-        self.seed = seed
-        self.epoch = 0
-        self.position = 0
+        self.sampler = EpochSampler(len(indices), shuffle=True, seed=seed)
         self.outcomes: deque[bool] = deque(maxlen=memory)  # True: the group had a spread
-        self._order: list[int] | None = None
 
     def spread(self) -> float:
         return sum(self.outcomes) / len(self.outcomes) if self.outcomes else 1.0
 
     def next_index(self) -> tuple[int, int]:
         """``(epoch, dataset index)`` of the stratum's next prompt."""
-        if self.position >= len(self.indices):
-            self.epoch, self.position, self._order = self.epoch + 1, 0, None
-        if self._order is None:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            perm = torch.randperm(len(self.indices), generator=gen).tolist()
-            self._order = [self.indices[i] for i in perm]
-        index = self._order[self.position]
-        self.position += 1
-        return self.epoch, index
+        epoch, i = next(self.sampler)
+        return epoch, self.indices[i]
 
 
 class BalancedPromptSource:
@@ -136,7 +127,7 @@ class BalancedPromptSource:
         return {
             "generator": self.generator.get_state(),
             "strata": {
-                name: {"epoch": s.epoch, "position": s.position, "outcomes": list(s.outcomes)}
+                name: {**s.sampler.state_dict(), "outcomes": list(s.outcomes)}
                 for name, s in self.strata.items()
             },
         }
@@ -150,6 +141,6 @@ class BalancedPromptSource:
         self.generator.set_state(state["generator"])
         for name, s in self.strata.items():
             saved = state["strata"][name]
-            s.epoch, s.position, s._order = int(saved["epoch"]), int(saved["position"]), None
+            s.sampler.load_state_dict({"epoch": saved["epoch"], "position": saved["position"]})
             s.outcomes.clear()
             s.outcomes.extend(bool(x) for x in saved["outcomes"])

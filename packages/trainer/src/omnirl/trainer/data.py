@@ -165,9 +165,6 @@ class PromptSource:
     def take(self, n: int) -> list[PromptSpec]:
         return [self.next() for _ in range(n)]
 
-    def observe(self, prompt: PromptSpec, rewards: list[float]) -> None:
-        """An accepted group's rewards: the file's order does not depend on them."""
-
     def state_dict(self) -> dict[str, Any]:
         if self._it is None:
             self._it = self._iter()
