@@ -202,8 +202,7 @@ def launch(args, config: Path, out: Path) -> int:
         "1",
         "--reward",
         str(args.reward_workers),
-        "--rollout-args",
-        shlex.join(rollout),
+        f"--rollout-args={shlex.join(rollout)}",  # the "=" form: the value starts with a dash
     ]
     with open(out / "launch.log", "w") as log:
         return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from omnirl.tools.launch import Launcher, read_address
 
 TRAINER = textwrap.dedent(
@@ -83,6 +85,19 @@ def test_trainer_failure_stops_workers_and_gives_its_exit_code(tmp_path):
     names = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert names == ["reward-0.log", "rollout-0.log", "rollout-1.log", "trainer.log"]
     assert "trainer failing" in (tmp_path / "logs" / "trainer.log").read_text()
+
+
+def test_each_rollout_worker_is_started_on_its_own_device(tmp_path):
+    sink = Sink()
+    launcher = _launcher(tmp_path, "exit3", sink)
+    launcher.rollout_devices = ["cuda:1", "cuda:2"]
+    assert launcher.run() == 3
+    text = "\n".join(sink.lines)
+    for i in range(2):
+        assert (
+            f"[rollout-{i}] worker args --device cuda:{i + 1} --trainer tcp://127.0.0.1:5999 "
+            f"--worker-id rollout-{i}"
+        ) in text
 
 
 def _driver(tmp_path: Path, mode: str = "wait") -> subprocess.Popen:
@@ -161,6 +176,20 @@ def test_cores_are_shared_between_trainer_and_rollout_workers():
     assert share_cores(1, cores=16) == 8
     assert share_cores(3, cores=16) == 4
     assert share_cores(8, cores=4) == 1  # never fewer than one thread
+
+
+def test_rollout_workers_get_the_gpus_the_trainer_leaves_free():
+    from omnirl.tools.launch import LaunchError, rollout_devices
+
+    assert rollout_devices("cuda", 2, 1, 1) == ["cuda:0", "cuda:0"]  # one GPU: shared
+    assert rollout_devices("cuda:0", 3, 1, 4) == ["cuda:1", "cuda:2", "cuda:3"]
+    assert rollout_devices("cuda:2", 4, 1, 4) == ["cuda:0", "cuda:1", "cuda:3", "cuda:0"]
+    assert rollout_devices("cuda", 3, 2, 4) == ["cuda:2", "cuda:3", "cuda:2"]  # ranks on 0, 1
+    assert rollout_devices("cuda", 1, 2, 2) == ["cuda:0"]  # every GPU a rank: rank 0's
+    with pytest.raises(LaunchError, match="no CUDA device"):
+        rollout_devices("cuda", 1, 1, 0)
+    with pytest.raises(LaunchError, match="only 2 CUDA"):
+        rollout_devices("cuda:3", 1, 1, 2)
 
 
 def test_rollout_workers_get_the_runs_dtype_and_compile_unless_told_otherwise():

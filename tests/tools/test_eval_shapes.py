@@ -161,7 +161,7 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     import yaml
 
     from omnirl.models.shapes_t2i import ShapesT2IRolloutAdapter, ShapesT2ITrainingAdapter
-    from omnirl.tools.eval_shapes import evaluate, load_adapter
+    from omnirl.tools.eval_shapes import evaluate, load_adapter, summarise
     from omnirl.tools.shapes_curve import apply_policy, main
     from omnirl.trainer.checkpoint import save_checkpoint
     from omnirl.trainer.ema import EMA
@@ -201,6 +201,14 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     assert "gain_vs_base" in rows[1] and set(rows[1]["categories"]) <= set(rows[0]["categories"])
     for name in ("curve.png", "before_after.png"):
         assert (run / "curve" / name).stat().st_size > 1000
+    assert {(r["num_steps"], r["guidance_scale"]) for r in rows} == {(2, 3.0)}
+    # --steps / --cfg: scored with other sampling settings than the run's, and says so
+    assert main([str(run), "--prompts", str(prompts), "--seeds", "1", "--steps", "3",
+                 "--cfg", "1.5", "--out", str(tmp_path / "c3")]) == 0  # fmt: skip
+    rows3 = json.loads((tmp_path / "c3" / "curve.json").read_text())
+    assert {(r["num_steps"], r["guidance_scale"]) for r in rows3} == {(3, 1.5)}
+    base3 = evaluate(load_adapter(pretrained), specs, seeds=1, num_steps=3, guidance_scale=1.5)
+    assert rows3[0]["overall"]["strict"] == summarise(base3)["overall"]["strict"]
 
     pushed = ShapesT2IRolloutAdapter.from_pretrained(pretrained, lora=lora)
     pushed.load_weights("lora", train.export_weights())

@@ -9,7 +9,10 @@ The machine's cores are shared out: the trainer (on the CPU) and each rollout wo
 ``cores // (rollouts + 1)`` torch threads (at least 1) unless the config or the rollout
 arguments say otherwise. The rollout workers run at the trainer's ``run.dtype`` (the same
 numerics on both sides of the log-prob ratio) and compile when ``train.compile`` is on,
-unless ``--rollout-args`` names ``--dtype`` or ``--compile`` itself.
+unless ``--rollout-args`` names ``--dtype`` or ``--compile`` itself. On a GPU run
+(``run.device: cuda...``) each rollout worker gets a ``--device``: the visible GPUs the
+trainer's ranks leave free, round robin, or the trainer's own GPU when none is free
+(:func:`rollout_devices`).
 
 Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
 (SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
@@ -104,6 +107,17 @@ def run(args: argparse.Namespace) -> int:
         trainer.append(f"run.threads={threads}")
     trainer += list(args.overrides)
     rollout_args = rollout_arguments(args.rollout_args, cfg, threads)
+    devices = None
+    if cfg.run.device.startswith("cuda") and not _names(rollout_args, "--device"):
+        import torch
+
+        try:
+            devices = rollout_devices(
+                cfg.run.device, args.rollout, args.trainer_procs, torch.cuda.device_count()
+            )
+        except LaunchError as exc:
+            print(f"omnirl launch: {exc}", file=sys.stderr)
+            return 2
     launcher = Launcher(
         output_dir=output_dir,
         trainer_argv=trainer,
@@ -111,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         rollout_argv=[*_command("rollout", "omnirl.rollout.cli"), *rollout_args],
         num_reward=args.reward,
         num_rollout=args.rollout,
+        rollout_devices=devices,
         address_timeout_s=args.address_timeout,
         grace_s=args.grace,
     )
@@ -128,6 +143,27 @@ def rollout_arguments(given: str, cfg, threads: int) -> list[str]:
     if cfg.train.compile and not _names(argv, "--compile", "--compile-mode"):
         argv.append("--compile")
     return argv
+
+
+def rollout_devices(device: str, num_rollout: int, trainer_procs: int, gpus: int) -> list[str]:
+    """Each rollout worker's ``--device`` on a GPU run whose trainer is on ``device``.
+
+    The trainer holds ``device`` (one rank) or ``cuda:0`` to ``cuda:{trainer_procs - 1}``
+    (under torchrun, a rank per GPU). The workers are dealt round robin over the ``gpus``
+    visible GPUs the trainer leaves free; with none free they share the trainer's (rank 0's)
+    GPU, as on a one-GPU machine.
+    """
+    if gpus < 1:
+        raise LaunchError(f"run.device is {device!r} but no CUDA device is visible")
+    if trainer_procs > 1:
+        taken, own = set(range(trainer_procs)), 0
+    else:
+        own = int(device.split(":", 1)[1]) if ":" in device else 0
+        taken = {own}
+    if own >= gpus:
+        raise LaunchError(f"run.device is {device!r} but only {gpus} CUDA device(s) are visible")
+    free = [g for g in range(gpus) if g not in taken] or [own]
+    return [f"cuda:{free[i % len(free)]}" for i in range(num_rollout)]
 
 
 def _names(argv: list[str], *options: str) -> bool:
@@ -178,6 +214,7 @@ class Launcher:
     rollout_argv: list[str]
     num_reward: int = 1
     num_rollout: int = 1
+    rollout_devices: list[str] | None = None  # one --device per rollout worker
     address_timeout_s: float = 300.0
     grace_s: float = 60.0
     out: TextIO = field(default_factory=lambda: sys.stdout)
@@ -316,7 +353,11 @@ class Launcher:
         workers += [
             self.start(
                 f"rollout-{i}",
-                [*self.rollout_argv, "--trainer", self.address, "--worker-id", f"rollout-{i}"],
+                [
+                    *self.rollout_argv,
+                    *(["--device", self.rollout_devices[i]] if self.rollout_devices else []),
+                    *("--trainer", self.address, "--worker-id", f"rollout-{i}"),
+                ],
             )
             for i in range(self.num_rollout)
         ]

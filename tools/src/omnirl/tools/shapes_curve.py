@@ -9,6 +9,8 @@ file, against the run's wall-clock time.
 checkpoint in time). The base model (``model.path`` of the run's config) is step 0. Every
 model is sampled with the run's own sampling settings (steps, guidance, size) by the ODE
 sampler and scored by the ShapesEval detector, exactly as ``omnirl.tools.eval_shapes`` does.
+``--steps`` / ``--cfg`` replace the run's: a run that sampled its rollouts with fewer steps
+is then scored like the others (the base model's 0.333 is at 10 steps, CFG 3).
 
 ``--ema`` scores each checkpoint's ``policy_ema/`` (the trainer's EMA of the weights, written
 when ``ema_decay`` is set) instead of ``policy/``.
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="default: the run's num_steps")
+    parser.add_argument("--cfg", type=float, default=None, help="default: the run's guidance")
     parser.add_argument(
         "--ema", action="store_true", help="score each checkpoint's EMA weights (policy_ema/)"
     )
@@ -154,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     if chosen[-1] != ckpts[-1]:
         chosen.append(ckpts[-1])
     config = yaml.safe_load((ckpts[-1] / "config.yaml").read_text())
-    sampling = config["sampling"]
+    sampling = dict(config["sampling"])
+    if args.steps is not None:
+        if args.steps < 1:
+            parser.error(f"--steps must be >= 1, got {args.steps}")
+        sampling["num_steps"] = args.steps
+    if args.cfg is not None:
+        sampling["guidance_scale"] = args.cfg
     minutes = checkpoint_minutes(args.run_dir)
     specs = load_prompt_file(args.prompts)[: args.limit]
     out = args.out or args.run_dir / ("curve_ema" if args.ema else "curve")
@@ -179,7 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             image_size=sampling["height"],
         )
         summary = summarise(run)
-        row = {"step": step, "minutes": round(minutes.get(step, 0.0), 2), **summary}
+        row = {
+            "step": step,
+            "minutes": round(minutes.get(step, 0.0), 2),
+            "num_steps": sampling["num_steps"],
+            "guidance_scale": sampling["guidance_scale"],
+            **summary,
+        }
         rows.append(row)
         runs.append((step, run))
         print(f"step {step} ({row['minutes']:.1f} min, {run.seconds:.0f} s to evaluate)")
