@@ -31,7 +31,7 @@ def test_shapes_quick_start_trains_checkpoints_and_scores(tmp_path):
         "checkpoint.every=1",
         "logging.image_grid_every=1",
         "--rollout",
-        "1",
+        "2",  # the README's quick start: two rollout workers
         "--reward",
         "1",
     ]
