@@ -190,6 +190,8 @@ def test_rollout_workers_get_the_gpus_the_trainer_leaves_free():
         rollout_devices("cuda", 1, 1, 0)
     with pytest.raises(LaunchError, match="only 2 CUDA"):
         rollout_devices("cuda:3", 1, 1, 2)
+    with pytest.raises(LaunchError, match="not 'cuda' or 'cuda:N'"):
+        rollout_devices("cuda:x", 1, 1, 2)
 
 
 def test_rollout_workers_get_the_runs_dtype_and_compile_unless_told_otherwise():

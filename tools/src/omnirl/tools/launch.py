@@ -158,8 +158,10 @@ def rollout_devices(device: str, num_rollout: int, trainer_procs: int, gpus: int
     if trainer_procs > 1:
         taken, own = set(range(trainer_procs)), 0
     else:
-        own = int(device.split(":", 1)[1]) if ":" in device else 0
-        taken = {own}
+        index = device.split(":", 1)[1] if ":" in device else "0"
+        if not index.isdigit():
+            raise LaunchError(f"run.device {device!r} is not 'cuda' or 'cuda:N'")
+        own, taken = int(index), {int(index)}
     if own >= gpus:
         raise LaunchError(f"run.device is {device!r} but only {gpus} CUDA device(s) are visible")
     free = [g for g in range(gpus) if g not in taken] or [own]
