@@ -141,6 +141,6 @@ class BalancedPromptSource:
         self.generator.set_state(state["generator"])
         for name, s in self.strata.items():
             saved = state["strata"][name]
-            s.sampler.load_state_dict({"epoch": saved["epoch"], "position": saved["position"]})
+            s.sampler.load_state_dict(saved)  # the sampler's own keys, beside "outcomes"
             s.outcomes.clear()
             s.outcomes.extend(bool(x) for x in saved["outcomes"])
