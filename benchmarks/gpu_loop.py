@@ -185,7 +185,11 @@ max_minutes: {args.minutes}
 
 def launch(args, config: Path, out: Path) -> int:
     """``omnirl launch`` the run; its interleaved output goes to ``<out>/launch.log``."""
-    rollout = ["--device", args.device, "--dtype", args.dtype, "--attention", args.attention]
+    rollout = ["--dtype", args.dtype, "--attention", args.attention]
+    if not args.device.startswith("cuda"):
+        # on a GPU run the launcher gives the worker its GPU (``rollout_devices``); the
+        # summary's ``rollout_device`` says which one it took
+        rollout = ["--device", args.device, *rollout]
     if args.compile:
         rollout += ["--compile", "--compile-cache", str(out / "compile_cache")]
         if args.rollout_compile_mode:
@@ -209,6 +213,7 @@ def launch(args, config: Path, out: Path) -> int:
 
 
 _LEASE = re.compile(r"lease \S+ done at version \d+ in ([0-9.]+) s")
+_BUILT = re.compile(r"built \S+ for \S+ on (\S+) \(")
 _APPLIED = re.compile(r"applied weights version=(\d+) format=(\w+) .* in ([0-9.]+) s")
 
 
@@ -246,6 +251,9 @@ def summarize(args, out: Path, started: float) -> dict:
     rollout_log = out / "run" / "logs" / "rollout-0.log"
     if rollout_log.exists():
         text = rollout_log.read_text()
+        built = _BUILT.search(text)
+        if built:
+            summary["rollout_device"] = built.group(1)
         leases = [float(x) for x in _LEASE.findall(text)]
         applied = [(int(v), f, float(s)) for v, f, s in _APPLIED.findall(text)]
         if leases:

@@ -41,6 +41,7 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
     assert summary["steady_steps"] == 2 and summary["images_per_s"] > 0
     assert summary["steady_samples"] == 2 * 2 * 8  # 2 steps x 2 groups x 8 samples
     assert summary["publish_s_median"] > 0 and summary["leases"] >= 10
+    assert summary["rollout_device"] == "cpu"  # read back from the worker's own log
     config = (tmp_path / "gpu_loop.yaml").read_text()
     assert "attention: math" in config and "micro_batch_size: 2" in config
     started = [

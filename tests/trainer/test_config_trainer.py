@@ -50,6 +50,24 @@ def test_merge_order_and_lora_null(tmp_path):
     assert cfg.sampling.num_steps == 10  # the SamplingParams default, not restated anywhere
 
 
+def test_prompt_order_follows_run_seed_unless_data_seed_is_set(tmp_path):
+    from omnirl.trainer.data import PromptSource
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "p{i}"}}\n' for i in range(50)))
+    path = _write(tmp_path, f"model: {{path: /m}}\ndata: {{prompts: {prompts}}}\n")
+
+    def first_prompts(*overrides):
+        cfg = load_config(path, list(overrides))
+        source = PromptSource.from_config(cfg.data)
+        return cfg.data.seed, [source.next().text for _ in range(10)]
+
+    seed0, order0 = first_prompts()
+    seed1, order1 = first_prompts("run.seed=1")
+    assert (seed0, seed1) == (0, 1) and order0 != order1  # another replicate, another order
+    assert first_prompts("run.seed=1", "data.seed=0") == (0, order0)  # the order pinned
+
+
 def test_example_config_loads():
     cfg = load_config("examples/tiny_sd3_jpeg.yaml", ["runtime.control_port=0"])
     assert cfg.runtime.control_port == 0

@@ -82,7 +82,7 @@ class DataConfig:
     group_size: int = 4  # samples per prompt
     prompts_per_lease: int = 1
     shuffle: bool = True
-    seed: int = 0
+    seed: int | None = None  # the prompt order's seed; null: run.seed
     # a metadata key (e.g. "category"): draw prompts per value of it, less often from values
     # whose recent groups all tied (omnirl.trainer.balanced_data); null: the file's order
     balance_by: str | None = None
@@ -239,6 +239,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"required key(s) not set: {', '.join(missing)}")
+    if cfg.data.seed is None:  # one seed changes the whole run unless the order is pinned
+        cfg.data.seed = cfg.run.seed
     _validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
