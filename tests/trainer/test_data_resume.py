@@ -28,6 +28,17 @@ def test_resume_continues_the_same_order_across_epochs():
     assert [p.group_id for p in straight.take(22)][10:] == expected
 
 
+def test_resume_keeps_the_order_it_started_with_when_the_seed_changes():
+    # data.seed follows run.seed: a run resumed under another seed must not switch permutation
+    src = PromptSource(_records(7), shuffle=True, seed=11)
+    src.take(3)
+    state = src.state_dict()
+    expected = [p.group_id for p in src.take(9)]
+    resumed = PromptSource(_records(7), shuffle=True, seed=12)
+    resumed.load_state_dict(state)
+    assert [p.group_id for p in resumed.take(9)] == expected
+
+
 def test_group_ids_name_epoch_and_index_and_epochs_are_permutations():
     src = PromptSource(_records(5), shuffle=True, seed=3)
     ids = [p.group_id for p in src.take(10)]

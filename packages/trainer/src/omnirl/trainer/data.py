@@ -117,11 +117,14 @@ class EpochSampler(Sampler):
         return (self.epoch, index)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        # a resumed run keeps the permutation it started with, whatever seed the config now
+        # gives (states saved before the seed was kept have none)
+        self.seed = int(state.get("seed", self.seed))
         self._order = None
 
 
