@@ -195,7 +195,9 @@ def launch(args, config: Path, out: Path) -> int:
         if args.rollout_compile_mode:
             rollout += ["--compile-mode", args.rollout_compile_mode]
     if args.float8:
-        rollout += ["--float8"]
+        rollout += ["--float8", args.float8]
+        if args.float8_fast_accum:
+            rollout += ["--float8-fast-accum"]
     cmd = [
         sys.executable,
         "-c",
@@ -286,8 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro", type=int, default=0, help="training micro-batch (samples)")
     p.add_argument("--rollout-compile-mode", default=None)
     p.add_argument(
-        "--float8", action="store_true", help="the rollout's block linears in float8 (Hopper+)"
+        "--float8",
+        nargs="?",
+        const="rowwise",
+        default=None,
+        choices=["rowwise", "static"],
+        help="the rollout's block linears in float8 (Hopper+), activations scaled per row or "
+        "per layer (static, calibrated on the first call)",
     )
+    p.add_argument("--float8-fast-accum", action="store_true")
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     args = p.parse_args(argv)
     args.preset = "tiny" if args.tiny else "sd35m"

@@ -62,9 +62,20 @@ STAGES: dict[str, tuple[float, str | None]] = {
     "iterations": (25, "compile_train"),
     "train_kl": (60, "compile_train"),
     "profile": (30, "train_kl"),
-    "fp8": (90, "train_kl"),
+    "fp8_static": (75, "train_kl"),
+    "fp8_static_fast": (60, "train_kl"),
+    "fp8": (60, "train_kl"),
+    "fp8_fast": (60, "train_kl"),
     "warm_start": (45, "compile_rollout"),
     "checkpointing": (120, "compile_train"),
+}
+
+# float8 stages: (activation scaling, fast accumulation) of ``rollout --float8``
+FP8_VARIANTS: dict[str, tuple[str, bool]] = {
+    "fp8": ("rowwise", False),
+    "fp8_fast": ("rowwise", True),
+    "fp8_static": ("static", False),
+    "fp8_static_fast": ("static", True),
 }
 
 
@@ -348,10 +359,29 @@ class Bench:
         self.sync_weights()
 
     def stage_fp8(self) -> None:
-        """The rollout with float8 block linear layers (``rollout --float8``): speed, kernel
-        split, parity against the bf16 compiled trainer, and the same-work iteration."""
-        layers = self.rollout.enable_float8()
-        _, first = self.sample()  # the blocks recompile around the converted layers
+        self.fp8_variant("fp8")
+
+    def stage_fp8_fast(self) -> None:
+        self.fp8_variant("fp8_fast")
+
+    def stage_fp8_static(self) -> None:
+        self.fp8_variant("fp8_static")
+
+    def stage_fp8_static_fast(self) -> None:
+        self.fp8_variant("fp8_static_fast")
+
+    def fp8_variant(self, name: str) -> None:
+        """The rollout with float8 block linear layers (``rollout --float8 ACTIVATION``,
+        ``--float8-fast-accum``): speed, kernel split, parity against the bf16 compiled
+        trainer, and the same-work iteration. Rows are ``omnirl_rollout_<name>``,
+        ``profile_rollout_<name>``, ``omnirl_iteration_same_work_<name>``; a static variant
+        first calibrates on one eager call (``calibration_s``)."""
+        activation, fast = FP8_VARIANTS[name]
+        layers = self.rollout.enable_float8(activation=activation, fast_accum=fast)
+        calibration_s = None
+        if self.rollout.float8_needs_calibration():
+            _, calibration_s = self.sample()  # eager, row-wise: gathers the input ranges
+        _, first = self.sample()  # the blocks recompile around the (re)configured layers
         secs = []
         for _ in range(self.args.repeats):
             groups, t = self.sample()
@@ -360,24 +390,28 @@ class Bench:
         dec = self.decode_time(groups)
         n = self.setup.images
         m, _ = self.timed_step(self.step_kl, groups)  # on-policy: parity is precision alone
+        what = f"float8 ({activation}{', fast accumulation' if fast else ''}) compiled rollout"
         self.report.add(
-            "omnirl_rollout_fp8",
+            f"omnirl_rollout_{name}",
             s_per_image=steady / n,
             denoise_s_per_image=(steady - dec) / n,
             compile_s=first - steady,
+            calibration_s=calibration_s,
             layers=layers,
+            activation=activation,
+            fast_accum=fast,
             parity_mean=m["behav_prox_logp_absdiff_mean"],
             parity_max=m["behav_prox_logp_absdiff_max"],
-            parity_of="float8 compiled rollout vs compiled trainer in the model dtype",
+            parity_of=f"{what} vs compiled trainer in the model dtype",
         )
         self.sync_weights()
-        self.report.add("profile_rollout_fp8", **profile_kernels(self.device, self.sample))
+        self.report.add(f"profile_rollout_{name}", **profile_kernels(self.device, self.sample))
         self.iterate(
-            "omnirl_iteration_same_work_fp8",
+            f"omnirl_iteration_same_work_{name}",
             self.step_kl,
             None,
             True,
-            parity_of="float8 compiled rollout vs compiled trainer",
+            parity_of=f"{what} vs compiled trainer",
         )
 
     def stage_checkpointing(self) -> None:

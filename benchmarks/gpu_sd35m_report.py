@@ -113,6 +113,21 @@ class Report:
             ("omnirl, eager (`diffusers` backend)", "omnirl_rollout_eager", "denoise_s_per_image"),
             ("omnirl, compiled backend", "omnirl_rollout_compiled", "denoise_s_per_image"),
             ("omnirl, compiled, float8 linears", "omnirl_rollout_fp8", "denoise_s_per_image"),
+            (
+                "omnirl, float8, fast accumulation",
+                "omnirl_rollout_fp8_fast",
+                "denoise_s_per_image",
+            ),
+            (
+                "omnirl, float8, static activation scales",
+                "omnirl_rollout_fp8_static",
+                "denoise_s_per_image",
+            ),
+            (
+                "omnirl, float8, static scales, fast accumulation",
+                "omnirl_rollout_fp8_static_fast",
+                "denoise_s_per_image",
+            ),
         ]
         for label, stage, key in rollout_rows:
             s = self.val(stage, key)
@@ -167,6 +182,18 @@ class Report:
                 None,
                 1,
             ),
+            (
+                "omnirl, same work, float8 rollout, static scales",
+                "omnirl_iteration_same_work_fp8_static",
+                None,
+                1,
+            ),
+            (
+                "omnirl, same work, float8 rollout, static, fast accumulation",
+                "omnirl_iteration_same_work_fp8_static_fast",
+                None,
+                1,
+            ),
             ("omnirl, kl_beta 0 (no reference pass)", "omnirl_iteration_kl0", None, 0),
             ("omnirl, kl_beta 0, SDE window of 2", "omnirl_iteration_window2", None, 0),
         ]
@@ -194,6 +221,10 @@ class Report:
             "omnirl_iteration_same_work",
             "omnirl_rollout_fp8",
             "omnirl_iteration_same_work_fp8",
+            "omnirl_rollout_fp8_fast",
+            "omnirl_rollout_fp8_static",
+            "omnirl_rollout_fp8_static_fast",
+            "omnirl_iteration_same_work_fp8_static_fast",
         ):
             row = self.get(stage)
             if row and "parity_mean" in row:

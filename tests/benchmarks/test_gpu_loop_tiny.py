@@ -31,6 +31,7 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
         "--micro",
         "2",
         "--float8",
+        "static",
         "--out",
         str(tmp_path),
     ]
@@ -48,9 +49,11 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
         x for x in (tmp_path / "launch.log").read_text().splitlines() if "started rollout" in x
     ]
     assert len(started) == 1 and "--attention math" in started[0]  # the worker got the kernel
-    assert "--float8" in started[0]
+    assert "--float8 static" in started[0]
     worker_log = (tmp_path / "run" / "logs" / "rollout-0.log").read_text()
     assert "float8 linear layers:" in worker_log  # converted, then sampled the whole run
+    assert "(activations static)" in worker_log
+    assert worker_log.count("layers calibrated") == 1  # once: LoRA updates keep the scales
 
 
 def test_device_env_registers_every_entry_point_without_installing(tmp_path):

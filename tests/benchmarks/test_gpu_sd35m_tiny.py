@@ -53,6 +53,11 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "omnirl_rollout_fp8",
         "profile_rollout_fp8",
         "omnirl_iteration_same_work_fp8",
+        "omnirl_rollout_fp8_fast",
+        "omnirl_rollout_fp8_static",
+        "profile_rollout_fp8_static",
+        "omnirl_iteration_same_work_fp8_static",
+        "omnirl_rollout_fp8_static_fast",
     ):
         assert stage in rows, stage
     for name in ("profile_rollout", "profile_train_kl"):  # CPU: aten operators' time by kind
@@ -67,6 +72,11 @@ def test_tiny_run_reports_every_stage(tmp_path):
     # float8 linears: really a different matmul, still close (CPU: torch's emulation)
     assert rows["omnirl_rollout_fp8"]["layers"] > 0
     assert 0 < rows["omnirl_rollout_fp8"]["parity_max"] < 0.1
+    static = rows["omnirl_rollout_fp8_static"]
+    assert static["activation"] == "static" and static["calibration_s"] > 0
+    assert 0 < static["parity_max"] < 0.1
+    assert rows["omnirl_rollout_fp8"]["calibration_s"] is None  # row-wise: nothing to calibrate
+    assert rows["omnirl_rollout_fp8_static_fast"]["fast_accum"] is True
     assert rows["baseline"]["iteration_s_per_image"] > 0
     assert rows["warm_start"]["process_to_first_group_s"] > 0
     md = (tmp_path / "gpu_sd35m.md").read_text()

@@ -14,6 +14,8 @@ from omnirl.models.float8 import (
     Float8Linear,
     check_float8_device,
     convert_to_float8,
+    float8_calibration,
+    needs_float8_calibration,
     quantize_rows,
 )
 from omnirl.models.sd3 import SD3RolloutAdapter
@@ -132,3 +134,123 @@ def test_sd3_rollout_in_float8_samples_close_to_the_model_dtype(tiny_sd3_path, t
     assert not torch.equal(layers[0].weight_fp8.float(), before)
     q, _ = quantize_rows(layers[0].weight)
     assert torch.equal(layers[0].weight_fp8.float(), q.float())
+
+
+# ---------------------------------------------------------------------- static activation scales
+
+
+def _static_pair(test_device):
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64).to(test_device, torch.bfloat16)
+    rowwise = Float8Linear(linear)
+    static = Float8Linear(linear, activation="static")
+    return linear, rowwise, static
+
+
+def test_static_layer_calibrates_on_the_calls_inside_the_block(test_device):
+    linear, rowwise, static = _static_pair(test_device)
+    module = nn.Sequential(static)
+    x = torch.randn(3, 50, 128, device=test_device, dtype=torch.bfloat16)
+    big = x * 4
+    assert needs_float8_calibration(module)
+    # uncalibrated: it quantises row-wise, exactly as the default layer does
+    assert torch.equal(static(x), rowwise(x))
+    with float8_calibration(module, margin=2.0):
+        during = module(x)
+        module(big)  # the amax is the largest over every call
+    assert torch.equal(during, rowwise(x))  # calibrating calls are row-wise too
+    assert not needs_float8_calibration(module)
+    expected = 2.0 * big.abs().amax().float() / FLOAT8_MAX
+    torch.testing.assert_close(static.input_scale.view(()), expected)
+    ref = linear(x).float()
+    got = static(x)
+    assert not torch.equal(got, rowwise(x))  # now one scale for every row
+    err = (got.float() - ref).norm() / ref.norm()
+    assert 0 < err < 0.06, err
+
+
+def test_static_layer_saturates_beyond_its_range_instead_of_overflowing(test_device):
+    linear, _, static = _static_pair(test_device)
+    x = torch.randn(4, 128, device=test_device, dtype=torch.bfloat16)
+    with float8_calibration(nn.Sequential(static), margin=1.0):
+        static(x)
+    out = static(x * 1000)  # 1000x the calibrated range: clamped at +-448 x scale
+    assert torch.isfinite(out).all()
+    clamped = (
+        (x * 1000)
+        .float()
+        .clamp(-float(static.input_scale) * FLOAT8_MAX, float(static.input_scale) * FLOAT8_MAX)
+    )
+    ref = torch.nn.functional.linear(clamped, linear.weight.float(), linear.bias.float())
+    assert ((out.float() - ref).norm() / ref.norm()) < 0.06
+
+
+def test_static_scales_and_fast_accumulation_compile(test_device):
+    linear, _, static = _static_pair(test_device)
+    static.configure(activation="static", fast_accum=True)
+    module = nn.Sequential(static)
+    x = torch.randn(2, 20, 128, device=test_device, dtype=torch.bfloat16)
+    compiled = torch.compile(module, backend="aot_eager" if test_device == "cpu" else "inductor")
+    with float8_calibration(module):
+        compiled(x)  # runs eagerly: no graph of the calibrating forward
+    eager = module(x).float()
+    got = compiled(x).float()
+    torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)
+    ref = linear(x).float()
+    assert (got - ref).norm() / ref.norm() < 0.06
+
+
+def test_float8_options_name_the_problem():
+    linear = nn.Linear(32, 32)
+    with pytest.raises(Float8Error, match="unknown float8 activation scaling 'tensorwise'"):
+        Float8Linear(linear, activation="tensorwise")
+    calibration = float8_calibration(nn.Sequential(Float8Linear(linear)), margin=0.5)
+    with pytest.raises(Float8Error, match="margin must be >= 1"), calibration:
+        pass
+
+
+def test_failed_calibration_fixes_no_scale():
+    layer = Float8Linear(nn.Linear(32, 32), activation="static")
+    with pytest.raises(RuntimeError, match="boom"), float8_calibration(nn.Sequential(layer)):
+        layer(torch.randn(2, 32))
+        raise RuntimeError("boom")
+    assert layer.needs_calibration and not layer.calibrating
+
+
+def test_sd3_rollout_with_static_float8_calibrates_once_and_after_full_updates(
+    tiny_sd3_path, test_device
+):
+    load = lambda: SD3RolloutAdapter.from_pretrained(  # noqa: E731
+        tiny_sd3_path, device=test_device, dtype=torch.bfloat16, max_sequence_length=16
+    )
+    plain, fp8 = load(), load()
+    count = fp8.enable_float8(activation="static", fast_accum=True)
+    layers = [m for m in fp8.transformer.modules() if isinstance(m, Float8Linear)]
+    assert count == len(layers) > 0
+    assert all(m.activation == "static" and m.fast_accum for m in layers)
+    assert fp8.float8_needs_calibration()
+    ref = _sample(plain)
+    first = _sample(fp8)  # calibrates (row-wise meanwhile)
+    assert not fp8.float8_needs_calibration()
+    scales = [float(m.input_scale) for m in layers]
+    assert all(s > 0 for s in scales)
+    second = _sample(fp8)  # static scales
+    for r, a, b in zip(ref, first, second, strict=True):
+        for got in (a, b):
+            assert torch.isfinite(got.log_probs).all()
+            rel = (got.next_latents - r.next_latents).norm() / r.next_latents.norm()
+            assert 0 < rel < 0.05, rel
+        assert not torch.equal(a.next_latents, b.next_latents)  # really another scaling
+    # a full update moves every activation: the next call recalibrates
+    state = {
+        k: v * 1.5 if v.is_floating_point() else v for k, v in full_state(fp8.transformer).items()
+    }
+    fp8.load_weights("full", state)
+    assert fp8.float8_needs_calibration()
+    _sample(fp8)
+    assert not fp8.float8_needs_calibration()
+    assert [float(m.input_scale) for m in layers] != scales
+    # enabling again re-configures the converted layers
+    assert fp8.enable_float8() == count
+    assert all(m.activation == "rowwise" and not m.fast_accum for m in layers)
+    assert not fp8.float8_needs_calibration()

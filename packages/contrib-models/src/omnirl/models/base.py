@@ -113,10 +113,19 @@ class DiffusionRolloutAdapter(abc.ABC):
         (:mod:`omnirl.models.lora_merge`). A family without it raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} cannot merge its LoRA adapter")
 
-    def enable_float8(self) -> int:
-        """Run the denoiser's block linear layers in float8 (:mod:`omnirl.models.float8`);
-        return how many were converted. A family without it raises ``NotImplementedError``."""
+    def enable_float8(
+        self, *, activation: str = "rowwise", fast_accum: bool = False, margin: float = 2.0
+    ) -> int:
+        """Run the denoiser's block linear layers in float8 (:mod:`omnirl.models.float8`:
+        ``activation`` scaling ``"rowwise"`` or ``"static"`` with calibration ``margin``,
+        ``fast_accum``); return how many were converted. A family without it raises
+        ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no float8 linear layers")
+
+    def float8_needs_calibration(self) -> bool:
+        """Whether the next :meth:`sample` calibrates static float8 scales (and so runs
+        eagerly, whatever the backend)."""
+        return False
 
 
 class SampleEncoder(abc.ABC):

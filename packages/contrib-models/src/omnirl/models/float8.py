@@ -11,8 +11,20 @@ Scaling (what torch's row-wise ``_scaled_mm`` takes):
 
 - weights: one scale per output channel, ``amax(|W[n, :]|) / 448``, quantised once when a
   layer is converted and again after every full-weight update (:func:`refresh_float8`);
-- activations: one scale per row (token), computed on the fly in the forward, so an outlier
-  token costs only its own row precision.
+- activations, ``"rowwise"`` (the default): one scale per row (token), computed on the fly
+  in the forward, so an outlier token costs only its own row precision. The row's maximum
+  must be known before the row is quantised: a reduction, and a second pass over the
+  activation, before every matmul;
+- activations, ``"static"``: one scale per layer, calibrated once on a whole rollout call
+  (:func:`float8_calibration`: every timestep, the model's real inputs) as
+  ``margin * amax / 448``. Quantising is then element-wise, fused by inductor into the
+  kernel that produces the activation. A value beyond the calibrated range saturates at
+  +-448 instead of overflowing; ``margin`` (default 2) is the headroom for activations that
+  grow after calibration. The scales are kept across LoRA updates and recalibrated after a
+  full-weight update (:meth:`Float8Linear.refresh`).
+
+``fast_accum``: the matmul's fast accumulation mode on Hopper (partial sums not promoted to
+float32 as often; what float8 inference usually runs with). Opt-in, like float8 itself.
 
 Only the linear layers of the denoiser's repeated blocks are converted, and of those not the
 adaLN modulation (one row per sample: no speed to gain, and the whole block's scale and
@@ -24,6 +36,7 @@ branch stays bf16) work unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -34,6 +47,8 @@ log = logging.getLogger("omnirl.models.float8")
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448
 _MIN_AMAX = 1e-12  # an all-zero row gets scale 1e-12 / 448 instead of a division by zero
+ACTIVATION_SCALINGS = ("rowwise", "static")
+DEFAULT_MARGIN = 2.0
 
 
 class Float8Error(ValueError):
@@ -59,9 +74,14 @@ class Float8Linear(nn.Linear):
     ``weight_fp8`` ``[out, in]`` and its scales ``weight_scale`` float32 ``[1, out]`` are
     non-persistent buffers, refreshed in place by :meth:`refresh` (in place, so a compiled
     graph that captured them stays valid). Output dtype: the input's.
+
+    ``activation``: ``"rowwise"`` or ``"static"`` (module docstring). A static layer holds
+    ``input_scale`` float32 ``[1, 1]`` and, while :attr:`calibrating`, gathers the largest
+    ``|x|`` it sees in ``input_amax`` ``[1]``; until its first calibration ends it quantises
+    row-wise.
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, *, activation: str = "rowwise", fast_accum: bool = False):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
@@ -77,31 +97,77 @@ class Float8Linear(nn.Linear):
             torch.empty(1, self.out_features, dtype=torch.float32, device=device),
             persistent=False,
         )
+        self.register_buffer("input_scale", torch.ones(1, 1, device=device), persistent=False)
+        self.register_buffer("input_amax", torch.zeros(1, device=device), persistent=False)
+        self.activation = "rowwise"
+        self.fast_accum = False
+        self.calibrating = False
+        self.calibrated = False
+        self.configure(activation=activation, fast_accum=fast_accum)
         self.refresh()
+
+    def configure(self, *, activation: str, fast_accum: bool) -> None:
+        """Set the activation scaling and the accumulation mode (a compiled block recompiles
+        once, on its next call). Switching to ``"static"`` asks for a new calibration."""
+        if activation not in ACTIVATION_SCALINGS:
+            raise Float8Error(
+                f"unknown float8 activation scaling {activation!r}; known: {ACTIVATION_SCALINGS}"
+            )
+        if activation == "static" and self.activation != "static":
+            self.calibrated = False
+        self.activation = activation
+        self.fast_accum = bool(fast_accum)
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.activation == "static" and not self.calibrated
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Re-quantise the float8 weight from ``weight`` (after it changed)."""
+        """Re-quantise the float8 weight from ``weight`` (after it changed); a static layer
+        is recalibrated on its next rollout call (new weights move every activation)."""
         q, scale = quantize_rows(self.weight)
         self.weight_fp8.copy_(q)
         self.weight_scale.copy_(scale.t())
+        self.calibrated = False
+
+    @torch.no_grad()
+    def finish_calibration(self, margin: float) -> None:
+        """Fix ``input_scale`` from the amax gathered since :meth:`start_calibration`."""
+        amax = self.input_amax.clamp(min=_MIN_AMAX) * margin
+        self.input_scale.copy_((amax / FLOAT8_MAX).view(1, 1))
+        self.calibrating = False
+        self.calibrated = True
+
+    def start_calibration(self) -> None:
+        self.input_amax.zero_()
+        self.calibrating = True
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        q, scale = quantize_rows(x.reshape(-1, self.in_features))
+        rows = x.reshape(-1, self.in_features)
+        if self.activation == "static" and self.calibrated and not self.calibrating:
+            q = (rows.float() / self.input_scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
+            scale = self.input_scale.expand(rows.shape[0], 1).contiguous()
+        else:
+            if self.calibrating:
+                torch.maximum(self.input_amax, rows.abs().amax().float(), out=self.input_amax)
+            q, scale = quantize_rows(rows)
         y = torch._scaled_mm(
             q,
             self.weight_fp8.t(),  # column-major [in, out], as the kernel wants
             scale_a=scale,
             scale_b=self.weight_scale,
             out_dtype=torch.bfloat16,
+            use_fast_accum=self.fast_accum,
         )
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, float8=e4m3 row-wise"
+        accum = ", fast accumulation" if self.fast_accum else ""
+        return f"{super().extra_repr()}, float8=e4m3, activations {self.activation}{accum}"
 
 
 def _is_modulation(name: str) -> bool:
@@ -136,11 +202,14 @@ def check_float8_device(device: torch.device | str) -> None:
         )
 
 
-def convert_to_float8(blocks: list[nn.Module]) -> int:
+def convert_to_float8(
+    blocks: list[nn.Module], *, activation: str = "rowwise", fast_accum: bool = False
+) -> int:
     """Replace the convertible ``nn.Linear`` layers inside ``blocks`` by :class:`Float8Linear`,
     in place (PEFT-wrapped layers: their ``base_layer``). Returns how many were converted.
 
-    Idempotent: converted layers are ``Float8Linear``, which is not converted again.
+    Idempotent: converted layers are ``Float8Linear``, which is not converted again (use
+    :func:`configure_float8` to change their scaling).
     """
     count = 0
     for block in blocks:
@@ -149,7 +218,9 @@ def convert_to_float8(blocks: list[nn.Module]) -> int:
                 continue
             parent_name, _, child = name.rpartition(".")
             parent = block.get_submodule(parent_name) if parent_name else block
-            setattr(parent, child, Float8Linear(module))
+            setattr(
+                parent, child, Float8Linear(module, activation=activation, fast_accum=fast_accum)
+            )
             count += 1
     return count
 
@@ -161,3 +232,51 @@ def refresh_float8(module: nn.Module) -> int:
     for layer in layers:
         layer.refresh()
     return len(layers)
+
+
+def float8_layers(module: nn.Module) -> list[Float8Linear]:
+    return [m for m in module.modules() if isinstance(m, Float8Linear)]
+
+
+def configure_float8(module: nn.Module, *, activation: str, fast_accum: bool = False) -> int:
+    """Set every :class:`Float8Linear` in ``module`` to ``activation`` scaling and
+    ``fast_accum``; returns how many."""
+    layers = float8_layers(module)
+    for layer in layers:
+        layer.configure(activation=activation, fast_accum=fast_accum)
+    return len(layers)
+
+
+def needs_float8_calibration(module: nn.Module) -> bool:
+    """Whether a static float8 layer in ``module`` has no calibrated scale yet."""
+    return any(layer.needs_calibration for layer in float8_layers(module))
+
+
+@contextlib.contextmanager
+def float8_calibration(module: nn.Module, *, margin: float = DEFAULT_MARGIN):
+    """Calibrate the static float8 layers of ``module`` on the calls made inside the block.
+
+    The calls run eagerly (``torch.compiler.set_stance("force_eager")``): a compiled block
+    would otherwise trace the calibrating forward as one more graph. They quantise row-wise
+    meanwhile, so their outputs are as good as the default's. On a clean exit every layer's
+    ``input_scale`` becomes ``margin * amax / 448``; a layer the calls never reached keeps
+    asking for calibration. On an exception nothing is fixed.
+    """
+    if margin < 1:
+        raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
+    layers = [layer for layer in float8_layers(module) if layer.activation == "static"]
+    for layer in layers:
+        layer.start_calibration()
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    except BaseException:
+        for layer in layers:
+            layer.calibrating = False
+        raise
+    for layer in layers:
+        if float(layer.input_amax) > 0:
+            layer.finish_calibration(margin)
+        else:
+            layer.calibrating = False
+    log.info("float8: %d layers calibrated (margin %g)", len(layers), margin)

@@ -44,9 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--float8",
+        nargs="?",
+        const="rowwise",
+        default=None,
+        choices=["rowwise", "static"],
+        help="transformer block linear layers as scaled float8 matmuls (Hopper+), activations "
+        "scaled per row ('rowwise', the default) or per layer, calibrated on the first lease "
+        "('static': no reduction before each matmul); faster, and log-probs further from the "
+        "trainer's (the parity report shows how far)",
+    )
+    parser.add_argument(
+        "--float8-fast-accum",
         action="store_true",
-        help="transformer block linear layers as row-wise scaled float8 matmuls (Hopper+); "
-        "faster, and log-probs further from the trainer's (the parity report shows how far)",
+        help="with --float8: the matmuls' fast accumulation mode (Hopper)",
     )
     parser.add_argument(
         "--lora-mode",
@@ -107,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             compile_mode=args.compile_mode,
             compile_cache=args.compile_cache,
             float8=args.float8,
+            float8_fast_accum=args.float8_fast_accum,
             lora_mode=args.lora_mode,
             worker_id=args.worker_id,
             capacity=args.capacity,

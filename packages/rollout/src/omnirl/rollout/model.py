@@ -126,7 +126,8 @@ class RolloutModel:
         compile: bool = False,
         compile_mode: str | None = None,
         compile_cache: str | None = None,
-        float8: bool = False,
+        float8: str | None = None,
+        float8_fast_accum: bool = False,
         lora_mode: str = "auto",
         capacity: int = 1,
     ) -> RolloutModel:
@@ -136,7 +137,9 @@ class RolloutModel:
         (so the first real lease does not wait for compilation). ``compile_cache``: a
         directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
         before compiling and written after the warm-up when absent. ``float8``: the
-        denoiser's block linear layers in row-wise float8 (the adapter's ``enable_float8``).
+        denoiser's block linear layers in float8 with ``"rowwise"`` or ``"static"`` activation
+        scales, ``float8_fast_accum`` their accumulation mode (the adapter's
+        ``enable_float8``).
         ``lora_mode``: see :func:`resolve_lora_mode`.
         """
         from omnirl.models.device import resolve_dtype
@@ -158,12 +161,20 @@ class RolloutModel:
         )
         model = cls(adapter, format=first.format)
         can_merge = bool(getattr(adapter_cls, "supports_lora_merge", False))
-        mode = resolve_lora_mode(lora_mode, lora, torch_dtype, float8=float8, can_merge=can_merge)
+        mode = resolve_lora_mode(
+            lora_mode, lora, torch_dtype, float8=bool(float8), can_merge=can_merge
+        )
         if mode == "merged":
             adapter.merge_lora()
             log.info("LoRA merged into the base weights after every update")
         if float8:
-            log.info("float8 linear layers: %d converted", adapter.enable_float8())
+            count = adapter.enable_float8(activation=float8, fast_accum=float8_fast_accum)
+            log.info(
+                "float8 linear layers: %d converted (activations %s%s)",
+                count,
+                float8,
+                ", fast accumulation" if float8_fast_accum else "",
+            )
         if compile:
             model.compile_and_warm_up(
                 welcome, mode=compile_mode, cache=compile_cache, capacity=capacity
@@ -189,9 +200,12 @@ class RolloutModel:
         start = time.perf_counter()
         self.adapter.compile(CompileConfig(mode=mode, cache_dir=cache))
         prompts, sampling = warmup_lease(welcome, capacity=capacity)
-        self.adapter.sample(
-            prompts, sampling, lease_id="warmup", worker_id="warmup", policy_version=-1
-        )
+        # a first call that calibrates float8 scales runs eagerly: the second one compiles
+        calls = 2 if self.adapter.float8_needs_calibration() else 1
+        for _ in range(calls):
+            self.adapter.sample(
+                prompts, sampling, lease_id="warmup", worker_id="warmup", policy_version=-1
+            )
         took = time.perf_counter() - start
         log.info("compiled backend warmed up in %.1f s", took)
         if artifacts is not None and not artifacts.exists():

@@ -65,7 +65,10 @@ class RolloutWorkerConfig:
     compile: bool = False  # the compiled backend (omnirl.models.compile), warmed up at build
     compile_mode: str | None = None  # torch.compile mode; "reduce-overhead": CUDA graphs
     compile_cache: str | None = None  # persistent compile cache directory (shared by workers)
-    float8: bool = False  # block linear layers in row-wise float8 (omnirl.models.float8)
+    float8: str | None = (
+        None  # block linears in float8: "rowwise" | "static" (omnirl.models.float8)
+    )
+    float8_fast_accum: bool = False  # their matmuls' fast accumulation mode
     lora_mode: str = "auto"  # "merged" | "adapter" | "auto" (merged in float32)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
@@ -218,6 +221,7 @@ class RolloutWorker:
                     compile_mode=cfg.compile_mode,
                     compile_cache=cfg.compile_cache,
                     float8=cfg.float8,
+                    float8_fast_accum=cfg.float8_fast_accum,
                     lora_mode=cfg.lora_mode,
                     capacity=cfg.capacity,
                 ),

@@ -24,9 +24,13 @@ from torch import Tensor
 from omnirl.models.base import DiffusionRolloutAdapter, WeightFormat, WeightLoadError, sample_seeds
 from omnirl.models.compile import CompileConfig, compile_module, repeated_blocks, step_begin
 from omnirl.models.float8 import (
+    DEFAULT_MARGIN,
     Float8Error,
     check_float8_device,
+    configure_float8,
     convert_to_float8,
+    float8_calibration,
+    needs_float8_calibration,
     refresh_float8,
 )
 from omnirl.models.lora_merge import MergedLora
@@ -88,6 +92,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.backend = "diffusers"
         self.compile_config: CompileConfig | None = None
         self.float8 = False
+        self.float8_margin = DEFAULT_MARGIN
         self.merged_lora: MergedLora | None = None
 
     def compile(self, config: CompileConfig) -> list[str]:
@@ -112,20 +117,37 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         if self.lora_config is not None:
             self.merged_lora.refresh()
 
-    def enable_float8(self) -> int:
-        """Convert the transformer blocks' linear layers to row-wise scaled float8
+    def enable_float8(
+        self,
+        *,
+        activation: str = "rowwise",
+        fast_accum: bool = False,
+        margin: float = DEFAULT_MARGIN,
+    ) -> int:
+        """Convert the transformer blocks' linear layers to scaled float8 matmuls
         (:mod:`omnirl.models.float8`); returns how many. Call before :meth:`compile` (a later
-        call recompiles once). Full-weight updates re-quantise them; LoRA updates leave them
-        alone (the adapter branch runs in the model dtype). Raises
-        :class:`~omnirl.models.float8.Float8Error` on a device without float8 matmuls.
+        call recompiles once); calling again re-configures the converted layers.
+        ``activation="static"``: the next :meth:`sample` call runs eagerly and calibrates the
+        layers' input scales (``margin`` x the largest input seen), the ones after it use
+        them. Full-weight updates re-quantise the weights (and recalibrate static scales on
+        the next call); LoRA updates leave both alone (the adapter branch runs in the model
+        dtype). Raises :class:`~omnirl.models.float8.Float8Error` on a device without float8
+        matmuls or for an unknown scaling.
         """
         check_float8_device(self.device)
         blocks = repeated_blocks(self.transformer)
         if not blocks:
             raise Float8Error(f"{type(self.transformer).__name__} names no repeated blocks")
-        count = convert_to_float8(blocks)
+        if margin < 1:
+            raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
+        count = convert_to_float8(blocks, activation=activation, fast_accum=fast_accum)
+        total = configure_float8(self.transformer, activation=activation, fast_accum=fast_accum)
         self.float8 = True
-        return count
+        self.float8_margin = margin
+        return max(count, total)
+
+    def float8_needs_calibration(self) -> bool:
+        return self.float8 and needs_float8_calibration(self.transformer)
 
     @classmethod
     def from_pretrained(
@@ -208,12 +230,29 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             max_sequence_length=self.max_sequence_length,
         )
 
-    @torch.no_grad()
     def sample(
         self,
         prompts: list[PromptSpec],
         sampling: SamplingParams,
         *,
+        lease_id: str,
+        worker_id: str,
+        policy_version: int,
+    ) -> list[DiffusionTrajectoryGroup]:
+        """Sample one group of ``sampling.group_size`` trajectories per prompt (the first
+        call after static float8 scaling is enabled also calibrates it; see
+        :meth:`enable_float8`)."""
+        calibrate = self.float8_needs_calibration()
+        with torch.no_grad():
+            if not calibrate:
+                return self._sample(prompts, sampling, lease_id, worker_id, policy_version)
+            with float8_calibration(self.transformer, margin=self.float8_margin):
+                return self._sample(prompts, sampling, lease_id, worker_id, policy_version)
+
+    def _sample(
+        self,
+        prompts: list[PromptSpec],
+        sampling: SamplingParams,
         lease_id: str,
         worker_id: str,
         policy_version: int,
