@@ -8,7 +8,7 @@ import torch
 
 from omnirl.models.base import WeightLoadError
 from omnirl.models.sd3 import SD3RolloutAdapter
-from omnirl.models.weights import lora_state
+from omnirl.models.weights import full_state, lora_state
 from omnirl.protocol.messages import PromptSpec, SamplingParams
 from omnirl.rollout.model import resolve_lora_mode
 
@@ -176,3 +176,15 @@ def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path):
     assert bases and all(isinstance(b, Float8Linear) for b in bases)
     for base in bases:  # the float8 copy follows the merged weight
         assert torch.equal(base.weight_fp8.float(), quantize_rows(base.weight)[0].float())
+
+
+def test_merged_lora_updates_keep_static_float8_scales(tiny_sd3_path):
+    adapter = _load(tiny_sd3_path)
+    adapter.enable_float8(activation="static")
+    adapter.merge_lora()
+    _sample(adapter)  # calibrates
+    assert not adapter.float8_needs_calibration()
+    adapter.load_weights("lora", _update(adapter, 2))  # merged: the base weights change
+    assert not adapter.float8_needs_calibration()  # as an adapter's update would: scales kept
+    adapter.load_weights("full", full_state(adapter.transformer))
+    assert adapter.float8_needs_calibration()  # a full update recalibrates

@@ -123,13 +123,15 @@ class Float8Linear(nn.Linear):
         return self.activation == "static" and not self.calibrated
 
     @torch.no_grad()
-    def refresh(self) -> None:
-        """Re-quantise the float8 weight from ``weight`` (after it changed); a static layer
-        is recalibrated on its next rollout call (new weights move every activation)."""
+    def refresh(self, *, recalibrate: bool = True) -> None:
+        """Re-quantise the float8 weight from ``weight`` (after it changed). ``recalibrate``:
+        a static layer calibrates again on its next rollout call (a full-weight update moves
+        every activation; a merged LoRA update, like an adapter's, keeps the scales)."""
         q, scale = quantize_rows(self.weight)
         self.weight_fp8.copy_(q)
         self.weight_scale.copy_(scale.t())
-        self.calibrated = False
+        if recalibrate:
+            self.calibrated = False
 
     @torch.no_grad()
     def finish_calibration(self, margin: float) -> None:

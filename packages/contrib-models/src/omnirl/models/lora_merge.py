@@ -69,6 +69,6 @@ class MergedLora:
                     layer.merged_adapters.append(self.adapter)  # forward: base layer only
             delta = layer.get_delta_weight(self.adapter)
             base.weight.copy_((w0.float() + delta.float()).to(base.weight.dtype))
-            if isinstance(base, Float8Linear):  # its float8 copy follows the new weight
-                base.refresh()
+            if isinstance(base, Float8Linear):  # its float8 copy follows the new weight;
+                base.refresh(recalibrate=False)  # static scales stay, as for an adapter
         return len(layers)
