@@ -209,10 +209,11 @@ def test_float8_options_name_the_problem():
         pass
 
 
-def test_failed_calibration_fixes_no_scale():
-    layer = Float8Linear(nn.Linear(32, 32), activation="static")
+def test_failed_calibration_fixes_no_scale(test_device):
+    linear = nn.Linear(32, 32).to(test_device, torch.bfloat16)
+    layer = Float8Linear(linear, activation="static")
     with pytest.raises(RuntimeError, match="boom"), float8_calibration(nn.Sequential(layer)):
-        layer(torch.randn(2, 32))
+        layer(torch.randn(2, 32, device=test_device, dtype=torch.bfloat16))
         raise RuntimeError("boom")
     assert layer.needs_calibration and not layer.calibrating
 

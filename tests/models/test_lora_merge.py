@@ -178,8 +178,10 @@ def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path):
         assert torch.equal(base.weight_fp8.float(), quantize_rows(base.weight)[0].float())
 
 
-def test_merged_lora_updates_keep_static_float8_scales(tiny_sd3_path):
-    adapter = _load(tiny_sd3_path)
+def test_merged_lora_updates_keep_static_float8_scales(tiny_sd3_path, test_device):
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
+    )
     adapter.enable_float8(activation="static")
     adapter.merge_lora()
     _sample(adapter)  # calibrates

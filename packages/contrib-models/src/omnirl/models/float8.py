@@ -187,12 +187,27 @@ def _convertible(name: str, module: nn.Module) -> bool:
     )
 
 
+def _check_cpu_emulation() -> None:
+    # torch's CPU backend took row-wise scales only in later releases (2.11 refuses them)
+    q = torch.zeros(16, 16, dtype=FLOAT8)
+    scale = torch.ones(16, 1)
+    try:
+        torch._scaled_mm(q, q.t(), scale_a=scale, scale_b=scale.t(), out_dtype=torch.bfloat16)
+    except RuntimeError as err:
+        raise Float8Error(
+            f"this torch ({torch.__version__}) cannot run row-wise float8 matmuls on the CPU: "
+            f"{str(err).splitlines()[0][:200]}"
+        ) from err
+
+
 def check_float8_device(device: torch.device | str) -> None:
     """Raise :class:`Float8Error` unless ``device`` runs row-wise float8 matmuls: a CUDA GPU
     of compute capability 9.0 or newer (Hopper; the one measured is an H200), or the CPU,
-    where torch emulates them (tests)."""
+    where torch emulates them (tests; torch releases whose CPU backend takes only per-tensor
+    scales are refused)."""
     device = torch.device(device)
     if device.type == "cpu":
+        _check_cpu_emulation()
         return
     if device.type != "cuda":
         raise Float8Error(f"float8 linear layers need a CUDA GPU or the CPU, not {device}")
