@@ -218,6 +218,21 @@ def test_failed_calibration_fixes_no_scale(test_device):
     assert layer.needs_calibration and not layer.calibrating
 
 
+def test_a_layer_calibration_never_reaches_falls_back_to_row_wise(test_device):
+    torch.manual_seed(0)
+    make = lambda: Float8Linear(  # noqa: E731
+        nn.Linear(32, 32).to(test_device, torch.bfloat16), activation="static"
+    )
+    used, unused = make(), make()
+    module = nn.ModuleList([used, unused])
+    with float8_calibration(module):
+        used(torch.randn(4, 32, device=test_device, dtype=torch.bfloat16))
+    assert not needs_float8_calibration(module)  # no eager calibration on every later call
+    assert used.activation == "static" and unused.activation == "rowwise"
+    x = torch.randn(4, 32, device=test_device, dtype=torch.bfloat16) * 100
+    assert torch.isfinite(unused(x)).all()
+
+
 def test_sd3_rollout_with_static_float8_calibrates_once_and_after_full_updates(
     tiny_sd3_path, test_device
 ):

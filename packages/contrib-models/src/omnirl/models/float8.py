@@ -276,8 +276,10 @@ def float8_calibration(module: nn.Module, *, margin: float = DEFAULT_MARGIN):
     The calls run eagerly (``torch.compiler.set_stance("force_eager")``): a compiled block
     would otherwise trace the calibrating forward as one more graph. They quantise row-wise
     meanwhile, so their outputs are as good as the default's. On a clean exit every layer's
-    ``input_scale`` becomes ``margin * amax / 448``; a layer the calls never reached keeps
-    asking for calibration. On an exception nothing is fixed.
+    ``input_scale`` becomes ``margin * amax / 448``; a layer the calls never reached (or
+    reached with zeros only) has no range to scale to and goes back to row-wise scales, so
+    it neither asks for calibration on every later call nor saturates if it runs later. On
+    an exception nothing is fixed.
     """
     if margin < 1:
         raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
@@ -291,9 +293,17 @@ def float8_calibration(module: nn.Module, *, margin: float = DEFAULT_MARGIN):
         for layer in layers:
             layer.calibrating = False
         raise
+    unreached = 0
     for layer in layers:
         if float(layer.input_amax) > 0:
             layer.finish_calibration(margin)
         else:
             layer.calibrating = False
-    log.info("float8: %d layers calibrated (margin %g)", len(layers), margin)
+            layer.configure(activation="rowwise", fast_accum=layer.fast_accum)
+            unreached += 1
+    log.info(
+        "float8: %d layers calibrated (margin %g)%s",
+        len(layers) - unreached,
+        margin,
+        f"; {unreached} not reached, left row-wise" if unreached else "",
+    )
