@@ -358,18 +358,6 @@ class Bench:
         )
         self.sync_weights()
 
-    def stage_fp8(self) -> None:
-        self.fp8_variant("fp8")
-
-    def stage_fp8_fast(self) -> None:
-        self.fp8_variant("fp8_fast")
-
-    def stage_fp8_static(self) -> None:
-        self.fp8_variant("fp8_static")
-
-    def stage_fp8_static_fast(self) -> None:
-        self.fp8_variant("fp8_static_fast")
-
     def fp8_variant(self, name: str) -> None:
         """The rollout with float8 block linear layers (``rollout --float8 ACTIVATION``,
         ``--float8-fast-accum``): speed, kernel split, parity against the bf16 compiled
@@ -496,7 +484,10 @@ def run(args) -> Report:
         attention = contextlib.nullcontext() if name == "baseline" else sdpa_context(args.sdpa)
         try:
             with attention:
-                getattr(bench, f"stage_{name}")()
+                if name in FP8_VARIANTS:
+                    bench.fp8_variant(name)
+                else:
+                    getattr(bench, f"stage_{name}")()
             done.add(name)
         except Exception as err:  # one failed stage must not lose the others' results
             report.add(f"{name}_error", error=repr(err)[:400], where=traceback.format_exc()[-1500:])

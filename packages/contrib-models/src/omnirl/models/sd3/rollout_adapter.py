@@ -14,6 +14,7 @@ Backends: ``"diffusers"`` (eager PyTorch, the default and the parity reference) 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -140,11 +141,11 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             raise Float8Error(f"{type(self.transformer).__name__} names no repeated blocks")
         if margin < 1:
             raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
-        count = convert_to_float8(blocks, activation=activation, fast_accum=fast_accum)
-        total = configure_float8(self.transformer, activation=activation, fast_accum=fast_accum)
+        convert_to_float8(blocks, activation=activation, fast_accum=fast_accum)
+        count = configure_float8(self.transformer, activation=activation, fast_accum=fast_accum)
         self.float8 = True
         self.float8_margin = margin
-        return max(count, total)
+        return count
 
     def float8_needs_calibration(self) -> bool:
         return self.float8 and needs_float8_calibration(self.transformer)
@@ -230,6 +231,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             max_sequence_length=self.max_sequence_length,
         )
 
+    @torch.no_grad()
     def sample(
         self,
         prompts: list[PromptSpec],
@@ -242,135 +244,134 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         """Sample one group of ``sampling.group_size`` trajectories per prompt (the first
         call after static float8 scaling is enabled also calibrates it; see
         :meth:`enable_float8`)."""
-        calibrate = self.float8_needs_calibration()
-        with torch.no_grad():
-            if not calibrate:
-                return self._sample(prompts, sampling, lease_id, worker_id, policy_version)
-            with float8_calibration(self.transformer, margin=self.float8_margin):
-                return self._sample(prompts, sampling, lease_id, worker_id, policy_version)
-
-    def _sample(
-        self,
-        prompts: list[PromptSpec],
-        sampling: SamplingParams,
-        lease_id: str,
-        worker_id: str,
-        policy_version: int,
-    ) -> list[DiffusionTrajectoryGroup]:
         if not prompts:
             return []
-        t_start = time.perf_counter()
-        latent_h, latent_w = self._check(prompts, sampling)
-        n, g, dev = len(prompts), sampling.group_size, self.device
-        do_cfg = sampling.guidance_scale > 1.0
-        num_steps = sampling.num_steps
-        window = tuple(sampling.sde_window) if sampling.sde_window is not None else None
-        trained = window_mask(num_steps, window)  # [T] bool
-        levels = noise_levels(num_steps, sampling.noise_level, window)  # [T] float32
-        recorded = [int(i) for i in torch.nonzero(trained).flatten()]
-        if sampling.sde_type == "ode":
-            recorded = []
-
-        # conditioning once per prompt; rows of the batch index into it
-        group_cond = self._encode([p.text for p in prompts], sampling, do_cfg)
-        row_group = torch.arange(n, device=dev).repeat_interleave(g)  # [N*G]
-        cond = group_cond.index_select(row_group)
-        t_encoded = time.perf_counter()
-
-        seeds = torch.cat([sample_seeds(sampling.seed, p.group_id, g) for p in prompts])  # [N*G]
-        shape = (self.transformer.config.in_channels, latent_h, latent_w)
-        x_seeds = (
-            seeds.view(n, g)[:, :1].expand(n, g).reshape(-1)
-            if sampling.same_initial_noise
-            else seeds
+        calibration = (
+            float8_calibration(self.transformer, margin=self.float8_margin)
+            if self.float8_needs_calibration()
+            else contextlib.nullcontext()
         )
-        x = initial_noise(x_seeds, shape, device=dev)  # float32 [N*G, C, h, w]
+        with calibration:
+            t_start = time.perf_counter()
+            latent_h, latent_w = self._check(prompts, sampling)
+            n, g, dev = len(prompts), sampling.group_size, self.device
+            do_cfg = sampling.guidance_scale > 1.0
+            num_steps = sampling.num_steps
+            window = tuple(sampling.sde_window) if sampling.sde_window is not None else None
+            trained = window_mask(num_steps, window)  # [T] bool
+            levels = noise_levels(num_steps, sampling.noise_level, window)  # [T] float32
+            recorded = [int(i) for i in torch.nonzero(trained).flatten()]
+            if sampling.sde_type == "ode":
+                recorded = []
 
-        timesteps, sigmas = set_schedule(
-            self.scheduler, num_steps, (latent_h, latent_w), self.transformer.config.patch_size, dev
-        )
-        sigma_max = float(sigmas[1])
-        rows = n * g
-        # A group's samples from one initial noise stay identical until their first
-        # stochastic step: the transformer runs once per group there.
-        shared = sampling.same_initial_noise and g > 1
-        group_shared = SharedInputs.of_groups(n, g, dev) if shared else None
-        rec_x, rec_next, rec_logp = [], [], []
-        for i in range(num_steps):
-            stochastic = bool(trained[i]) and sampling.sde_type != "ode"
-            noise = per_sample_noise(seeds, i, shape, device=dev) if stochastic else None
-            step_begin(self.compile_config)
-            out = sd3_step(
-                self.transformer,
+            # conditioning once per prompt; rows of the batch index into it
+            group_cond = self._encode([p.text for p in prompts], sampling, do_cfg)
+            row_group = torch.arange(n, device=dev).repeat_interleave(g)  # [N*G]
+            cond = group_cond.index_select(row_group)
+            t_encoded = time.perf_counter()
+
+            seeds = torch.cat(
+                [sample_seeds(sampling.seed, p.group_id, g) for p in prompts]
+            )  # [N*G]
+            shape = (self.transformer.config.in_channels, latent_h, latent_w)
+            x_seeds = (
+                seeds.view(n, g)[:, :1].expand(n, g).reshape(-1)
+                if sampling.same_initial_noise
+                else seeds
+            )
+            x = initial_noise(x_seeds, shape, device=dev)  # float32 [N*G, C, h, w]
+
+            timesteps, sigmas = set_schedule(
                 self.scheduler,
-                x,
-                timesteps[i].expand(rows),
-                sigmas[i].expand(rows),
-                sigmas[i + 1].expand(rows),
-                cond,
-                sampling.guidance_scale,
-                sde_type=sampling.sde_type if stochastic else "ode",
-                noise_level=float(levels[i]),
-                sigma_max=sigma_max,
-                noise=noise,
-                model_dtype=self.model_dtype,
-                shared=group_shared,
+                num_steps,
+                (latent_h, latent_w),
+                self.transformer.config.patch_size,
+                dev,
             )
-            if stochastic:
-                group_shared = None
-            if stochastic and sampling.record_latents:
-                rec_x.append(x)
-                rec_next.append(out.prev_sample)
-                rec_logp.append(out.log_prob)
-            x = out.prev_sample
-        t_denoised = time.perf_counter()
-
-        images = self._decode(x) if sampling.record_images else None  # uint8 [N*G, H, W, 3]
-        t_decoded = time.perf_counter()
-        timings = {
-            "encode_s": t_encoded - t_start,
-            "denoise_s": t_denoised - t_encoded,
-            "decode_s": t_decoded - t_denoised,
-            "total_s": t_decoded - t_start,
-        }
-
-        record = bool(rec_x)
-        if record:
-            lat = torch.stack(rec_x, 1).cpu()  # [N*G, K, C, h, w]
-            nxt = torch.stack(rec_next, 1).cpu()
-            logp = torch.stack(rec_logp, 1).cpu()  # [N*G, K]
-            idx = torch.tensor(recorded, dtype=torch.int64)
-        groups = []
-        for j, prompt in enumerate(prompts):
-            sl = slice(j * g, (j + 1) * g)
-            groups.append(
-                DiffusionTrajectoryGroup(
-                    group_id=prompt.group_id,
-                    lease_id=lease_id,
-                    worker_id=worker_id,
-                    prompt=prompt,
-                    sampling=sampling,
-                    policy_version=policy_version,
-                    architecture=self.architecture,
-                    seeds=seeds[sl].clone(),
-                    step_indices=idx.clone() if record else None,
-                    timesteps=timesteps[idx].cpu() if record else None,
-                    sigmas=sigmas[idx].cpu() if record else None,
-                    next_sigmas=sigmas[idx + 1].cpu() if record else None,
-                    noise_levels=levels[idx].clone() if record else None,
-                    latents=lat[sl].clone() if record else None,
-                    next_latents=nxt[sl].clone() if record else None,
-                    log_probs=logp[sl].clone() if record else None,
-                    final_latents=x[sl].cpu().clone(),
-                    prompt_embeds=group_cond.prompt_embeds[j].cpu().clone(),
-                    pooled_prompt_embeds=group_cond.pooled_prompt_embeds[j].cpu().clone(),
-                    negative_prompt_embeds=_row(group_cond.negative_prompt_embeds, j),
-                    negative_pooled_prompt_embeds=_row(group_cond.negative_pooled_prompt_embeds, j),
-                    images=images[sl].clone() if images is not None else None,
-                    timings=dict(timings),
+            sigma_max = float(sigmas[1])
+            rows = n * g
+            # A group's samples from one initial noise stay identical until their first
+            # stochastic step: the transformer runs once per group there.
+            shared = sampling.same_initial_noise and g > 1
+            group_shared = SharedInputs.of_groups(n, g, dev) if shared else None
+            rec_x, rec_next, rec_logp = [], [], []
+            for i in range(num_steps):
+                stochastic = bool(trained[i]) and sampling.sde_type != "ode"
+                noise = per_sample_noise(seeds, i, shape, device=dev) if stochastic else None
+                step_begin(self.compile_config)
+                out = sd3_step(
+                    self.transformer,
+                    self.scheduler,
+                    x,
+                    timesteps[i].expand(rows),
+                    sigmas[i].expand(rows),
+                    sigmas[i + 1].expand(rows),
+                    cond,
+                    sampling.guidance_scale,
+                    sde_type=sampling.sde_type if stochastic else "ode",
+                    noise_level=float(levels[i]),
+                    sigma_max=sigma_max,
+                    noise=noise,
+                    model_dtype=self.model_dtype,
+                    shared=group_shared,
                 )
-            )
-        return groups
+                if stochastic:
+                    group_shared = None
+                if stochastic and sampling.record_latents:
+                    rec_x.append(x)
+                    rec_next.append(out.prev_sample)
+                    rec_logp.append(out.log_prob)
+                x = out.prev_sample
+            t_denoised = time.perf_counter()
+
+            images = self._decode(x) if sampling.record_images else None  # uint8 [N*G, H, W, 3]
+            t_decoded = time.perf_counter()
+            timings = {
+                "encode_s": t_encoded - t_start,
+                "denoise_s": t_denoised - t_encoded,
+                "decode_s": t_decoded - t_denoised,
+                "total_s": t_decoded - t_start,
+            }
+
+            record = bool(rec_x)
+            if record:
+                lat = torch.stack(rec_x, 1).cpu()  # [N*G, K, C, h, w]
+                nxt = torch.stack(rec_next, 1).cpu()
+                logp = torch.stack(rec_logp, 1).cpu()  # [N*G, K]
+                idx = torch.tensor(recorded, dtype=torch.int64)
+            groups = []
+            for j, prompt in enumerate(prompts):
+                sl = slice(j * g, (j + 1) * g)
+                groups.append(
+                    DiffusionTrajectoryGroup(
+                        group_id=prompt.group_id,
+                        lease_id=lease_id,
+                        worker_id=worker_id,
+                        prompt=prompt,
+                        sampling=sampling,
+                        policy_version=policy_version,
+                        architecture=self.architecture,
+                        seeds=seeds[sl].clone(),
+                        step_indices=idx.clone() if record else None,
+                        timesteps=timesteps[idx].cpu() if record else None,
+                        sigmas=sigmas[idx].cpu() if record else None,
+                        next_sigmas=sigmas[idx + 1].cpu() if record else None,
+                        noise_levels=levels[idx].clone() if record else None,
+                        latents=lat[sl].clone() if record else None,
+                        next_latents=nxt[sl].clone() if record else None,
+                        log_probs=logp[sl].clone() if record else None,
+                        final_latents=x[sl].cpu().clone(),
+                        prompt_embeds=group_cond.prompt_embeds[j].cpu().clone(),
+                        pooled_prompt_embeds=group_cond.pooled_prompt_embeds[j].cpu().clone(),
+                        negative_prompt_embeds=_row(group_cond.negative_prompt_embeds, j),
+                        negative_pooled_prompt_embeds=_row(
+                            group_cond.negative_pooled_prompt_embeds, j
+                        ),
+                        images=images[sl].clone() if images is not None else None,
+                        timings=dict(timings),
+                    )
+                )
+            return groups
 
     def _decode(self, latents: Tensor) -> Tensor:
         """VAE-decode float32 latents ``[B, C, h, w]`` to uint8 images ``[B, H, W, 3]``."""
