@@ -27,6 +27,7 @@ still reports what it measured. ``--tiny`` runs the same stages on a toy model (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 import traceback
@@ -79,12 +80,21 @@ FP8_VARIANTS: dict[str, tuple[str, bool]] = {
 }
 
 
+def phases_per_image(groups, images: int) -> dict[str, float]:
+    """The rollout's own phase timings of one ``sample`` call (encode, denoise, decode, pack:
+    the device synchronised at each boundary), in seconds per image."""
+    timings = groups[0].timings
+    return {f"phase_{k[:-2]}_s_per_image": v / images for k, v in timings.items()}
+
+
 class Bench:
     """The models and the measurements of one run; each ``stage_*`` adds rows to the report."""
 
     def __init__(self, args, report: Report):
         self.args, self.report = args, report
         self.setup = SETUPS["tiny" if args.tiny else "sd35m"]
+        if args.prompts:
+            self.setup = dataclasses.replace(self.setup, prompts=args.prompts)
         self.device = torch.device(args.device)
         self.dtype = getattr(torch, args.dtype)
         self.clock = Clock(self.device)
@@ -251,11 +261,8 @@ class Bench:
         mode = self.args.rollout_compile_mode or self.args.compile_mode
         self.rollout.compile(self.compile_config().replace(mode=mode))
         _, first = self.sample()
-        secs = []
-        for _ in range(self.args.repeats):
-            self.groups, t = self.sample()
-            secs.append(t)
-        steady = min(secs)
+        runs = [self.sample() for _ in range(self.args.repeats)]
+        self.groups, steady = min(runs, key=lambda r: r[1])
         dec = self.decode_time(self.groups)
         n = self.setup.images
         self.report.add(
@@ -263,6 +270,8 @@ class Bench:
             s_per_image=steady / n,
             denoise_s_per_image=(steady - dec) / n,
             compile_s=first - steady,
+            images_per_call=n,
+            **phases_per_image(self.groups, n),
         )
 
     def stage_train_eager(self) -> None:
@@ -370,11 +379,8 @@ class Bench:
         if self.rollout.float8_needs_calibration():
             _, calibration_s = self.sample()  # eager, row-wise: gathers the input ranges
         _, first = self.sample()  # the blocks recompile around the (re)configured layers
-        secs = []
-        for _ in range(self.args.repeats):
-            groups, t = self.sample()
-            secs.append(t)
-        steady = min(secs)
+        runs = [self.sample() for _ in range(self.args.repeats)]
+        groups, steady = min(runs, key=lambda r: r[1])
         dec = self.decode_time(groups)
         n = self.setup.images
         m, _ = self.timed_step(self.step_kl, groups)  # on-policy: parity is precision alone
@@ -385,6 +391,8 @@ class Bench:
             denoise_s_per_image=(steady - dec) / n,
             compile_s=first - steady,
             calibration_s=calibration_s,
+            images_per_call=n,
+            **phases_per_image(groups, n),
             layers=layers,
             activation=activation,
             fast_accum=fast,

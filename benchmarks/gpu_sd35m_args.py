@@ -34,6 +34,12 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
         help="omnirl's training micro-batch in samples (default: the setup's, the baseline's)",
     )
     p.add_argument(
+        "--prompts",
+        type=int,
+        default=0,
+        help="prompts per rollout call (x the group of 4 images; default: the setup's 2)",
+    )
+    p.add_argument(
         "--sdpa",
         default="default",
         choices=sorted(SDPA_BACKENDS),

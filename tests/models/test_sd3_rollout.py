@@ -60,7 +60,15 @@ def test_group_records_window_steps_with_fp32_tensors(rollout):
     assert g.negative_pooled_prompt_embeds.shape == (32,)
     assert not torch.equal(groups[0].prompt_embeds, groups[1].prompt_embeds)
     assert g.seeds.tolist() == sample_seeds(7, "cat", 3).tolist()
-    assert set(g.timings) >= {"encode_s", "denoise_s", "decode_s", "total_s"}
+    phases = ("encode_s", "denoise_s", "decode_s", "pack_s")
+    assert set(g.timings) == {*phases, "total_s"} and all(g.timings[p] >= 0 for p in phases)
+    assert sum(g.timings[p] for p in phases) == pytest.approx(g.timings["total_s"])
+    # each group owns its tensors: none is a view of the lease's batch
+    for name in ("latents", "log_probs", "final_latents", "prompt_embeds", "images"):
+        a, b = getattr(groups[0], name), getattr(groups[1], name)
+        assert a.is_contiguous() and a.untyped_storage().data_ptr() != (
+            b.untyped_storage().data_ptr()
+        ), name
 
 
 def test_no_cfg_ode_and_latent_free_variants(rollout):

@@ -34,6 +34,7 @@ from omnirl.models.float8 import (
     needs_float8_calibration,
     refresh_float8,
 )
+from omnirl.models.host_steps import HostSteps, synchronize
 from omnirl.models.lora_merge import MergedLora
 from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.schedulers import (
@@ -268,6 +269,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             group_cond = self._encode([p.text for p in prompts], sampling, do_cfg)
             row_group = torch.arange(n, device=dev).repeat_interleave(g)  # [N*G]
             cond = group_cond.index_select(row_group)
+            synchronize(dev)  # so that each phase's time is its own (phases in `timings`)
             t_encoded = time.perf_counter()
 
             seeds = torch.cat(
@@ -294,7 +296,9 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             # stochastic step: the transformer runs once per group there.
             shared = sampling.same_initial_noise and g > 1
             group_shared = SharedInputs.of_groups(n, g, dev) if shared else None
-            rec_x, rec_next, rec_logp = [], [], []
+            record = sampling.record_latents and bool(recorded)
+            steps = HostSteps(len(recorded) if record else 0, dev)
+            k = 0
             for i in range(num_steps):
                 stochastic = bool(trained[i]) and sampling.sde_type != "ode"
                 noise = per_sample_noise(seeds, i, shape, device=dev) if stochastic else None
@@ -317,28 +321,28 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                 )
                 if stochastic:
                     group_shared = None
-                if stochastic and sampling.record_latents:
-                    rec_x.append(x)
-                    rec_next.append(out.prev_sample)
-                    rec_logp.append(out.log_prob)
+                if stochastic and record:
+                    steps.record("latents", k, x)
+                    steps.record("next_latents", k, out.prev_sample)
+                    steps.record("log_probs", k, out.log_prob)
+                    k += 1
                 x = out.prev_sample
+            synchronize(dev)  # the loop and the copies of its recorded steps are done
+            final = x.cpu()  # float32 [N*G, C, h, w]
             t_denoised = time.perf_counter()
 
             images = self._decode(x) if sampling.record_images else None  # uint8 [N*G, H, W, 3]
             t_decoded = time.perf_counter()
-            timings = {
-                "encode_s": t_encoded - t_start,
-                "denoise_s": t_denoised - t_encoded,
-                "decode_s": t_decoded - t_denoised,
-                "total_s": t_decoded - t_start,
-            }
 
-            record = bool(rec_x)
             if record:
-                lat = torch.stack(rec_x, 1).cpu()  # [N*G, K, C, h, w]
-                nxt = torch.stack(rec_next, 1).cpu()
-                logp = torch.stack(rec_logp, 1).cpu()  # [N*G, K]
+                lat = steps.get("latents")  # [N*G, K, C, h, w]
+                nxt = steps.get("next_latents")
+                logp = steps.get("log_probs")  # [N*G, K]
                 idx = torch.tensor(recorded, dtype=torch.int64)
+            embeds = group_cond.prompt_embeds.cpu()  # [N, L, D]
+            pooled = group_cond.pooled_prompt_embeds.cpu()  # [N, D']
+            neg = _host(group_cond.negative_prompt_embeds)
+            neg_pooled = _host(group_cond.negative_pooled_prompt_embeds)
             groups = []
             for j, prompt in enumerate(prompts):
                 sl = slice(j * g, (j + 1) * g)
@@ -357,20 +361,29 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                         sigmas=sigmas[idx].cpu() if record else None,
                         next_sigmas=sigmas[idx + 1].cpu() if record else None,
                         noise_levels=levels[idx].clone() if record else None,
-                        latents=lat[sl].clone() if record else None,
-                        next_latents=nxt[sl].clone() if record else None,
-                        log_probs=logp[sl].clone() if record else None,
-                        final_latents=x[sl].cpu().clone(),
-                        prompt_embeds=group_cond.prompt_embeds[j].cpu().clone(),
-                        pooled_prompt_embeds=group_cond.pooled_prompt_embeds[j].cpu().clone(),
-                        negative_prompt_embeds=_row(group_cond.negative_prompt_embeds, j),
-                        negative_pooled_prompt_embeds=_row(
-                            group_cond.negative_pooled_prompt_embeds, j
+                        latents=_own(lat[sl]) if record else None,
+                        next_latents=_own(nxt[sl]) if record else None,
+                        log_probs=_own(logp[sl]) if record else None,
+                        final_latents=_own(final[sl]),
+                        prompt_embeds=_own(embeds[j]),
+                        pooled_prompt_embeds=_own(pooled[j]),
+                        negative_prompt_embeds=_own(neg[j]) if neg is not None else None,
+                        negative_pooled_prompt_embeds=(
+                            _own(neg_pooled[j]) if neg_pooled is not None else None
                         ),
-                        images=images[sl].clone() if images is not None else None,
-                        timings=dict(timings),
+                        images=_own(images[sl]) if images is not None else None,
                     )
                 )
+            t_packed = time.perf_counter()
+            timings = {
+                "encode_s": t_encoded - t_start,
+                "denoise_s": t_denoised - t_encoded,
+                "decode_s": t_decoded - t_denoised,
+                "pack_s": t_packed - t_decoded,
+                "total_s": t_packed - t_start,
+            }
+            for group in groups:
+                group.timings = dict(timings)
             return groups
 
     def _decode(self, latents: Tensor) -> Tensor:
@@ -378,5 +391,11 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         return vae_decode(self.pipeline.vae, latents)
 
 
-def _row(t: Tensor | None, j: int) -> Tensor | None:
-    return None if t is None else t[j].cpu().clone()
+def _host(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.cpu()
+
+
+def _own(t: Tensor) -> Tensor:
+    """A contiguous copy: a group must not keep its lease's whole batch (or a page-locked
+    buffer) alive, and the wire wants contiguous memory."""
+    return t.clone(memory_format=torch.contiguous_format)
