@@ -69,6 +69,9 @@ STAGES: dict[str, tuple[float, str | None]] = {
     "fp8_fast": (60, "compile_train"),
     "warm_start": (45, "compile_rollout"),
     "checkpointing": (120, "compile_train"),
+    # last: the trainer stays in float8 after them
+    "train_fp8": (90, "train_kl"),
+    "train_fp8_fast": (60, "train_kl"),
 }
 
 # float8 stages: (activation scaling, fast accumulation) of ``rollout --float8``
@@ -78,6 +81,9 @@ FP8_VARIANTS: dict[str, tuple[str, bool]] = {
     "fp8_static": ("static", False),
     "fp8_static_fast": ("static", True),
 }
+
+# the trainer's float8 variants (``train.float8``, ``train.float8_fast_accum``): fast accumulation
+TRAIN_FP8_VARIANTS: dict[str, bool] = {"train_fp8": False, "train_fp8_fast": True}
 
 
 def phases_per_image(groups, images: int) -> dict[str, float]:
@@ -247,12 +253,13 @@ class Bench:
         )
 
     def compile_config(self):
-        from omnirl.models.compile import CompileConfig
+        from omnirl.models.compile import CompileConfig, regional_scope
 
         return CompileConfig(
             backend=self.args.compile_backend,
             mode=self.args.compile_mode,
             cache_dir=self.args.cache_dir,
+            regional=regional_scope(self.args.compile_scope),
         )
 
     def stage_compile_rollout(self) -> None:
@@ -413,6 +420,33 @@ class Bench:
                 parity_of=f"{what} vs compiled trainer",
             )
 
+    def train_fp8_variant(self, name: str) -> None:
+        """The trainer's frozen block linear layers in float8, forward and input gradient
+        (``train.float8``): the compiled training step with the KL pass, its parity against
+        the rollout (whatever the rollout runs at this point: bf16, or float8 after an
+        ``fp8*`` stage), and the same-work iteration. Rows ``omnirl_<name>`` and
+        ``omnirl_iteration_same_work_<name>``. The trainer stays in float8 for later stages."""
+        fast = TRAIN_FP8_VARIANTS[name]
+        layers = self.train.enable_float8(fast_accum=fast)
+        step = self.train_step(self.setup.kl_beta)
+        groups, _ = self.sample()  # on-policy: the first step's parity is precision alone
+        m, first = self.timed_step(step, groups)  # the blocks recompile around the layers
+        _, t = self.timed_step(step, groups)
+        rollout = "float8" if self.rollout.float8 else "bf16"
+        what = f"{rollout} compiled rollout vs float8{' fast-accumulation' if fast else ''} trainer"
+        self.report.add(
+            f"omnirl_{name}",
+            s_per_sample_step=self.per_sample_step(groups, t),
+            compile_s=first - t,
+            layers=layers,
+            fast_accum=fast,
+            parity_mean=m["behav_prox_logp_absdiff_mean"],
+            parity_max=m["behav_prox_logp_absdiff_max"],
+            parity_of=what,
+        )
+        self.sync_weights()
+        self.iterate(f"omnirl_iteration_same_work_{name}", step, None, True, parity_of=what)
+
     def stage_checkpointing(self) -> None:
         self.train.transformer.enable_gradient_checkpointing()
         try:
@@ -497,6 +531,8 @@ def run(args) -> Report:
             with attention:
                 if name in FP8_VARIANTS:
                     bench.fp8_variant(name)
+                elif name in TRAIN_FP8_VARIANTS:
+                    bench.train_fp8_variant(name)
                 else:
                     getattr(bench, f"stage_{name}")()
             done.add(name)

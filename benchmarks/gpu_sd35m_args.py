@@ -28,6 +28,12 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
         "adds CUDA graphs, which the trainer refuses",
     )
     p.add_argument(
+        "--compile-scope",
+        default="blocks",
+        choices=["blocks", "whole"],
+        help="omnirl's compiled graphs (rollout and trainer): each block, or the whole model",
+    )
+    p.add_argument(
         "--micro",
         type=int,
         default=0,

@@ -58,6 +58,9 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "profile_rollout_fp8_static",
         "omnirl_iteration_same_work_fp8_static",
         "omnirl_rollout_fp8_static_fast",
+        "omnirl_train_fp8",
+        "omnirl_iteration_same_work_train_fp8",
+        "omnirl_train_fp8_fast",
     ):
         assert stage in rows, stage
     for name in ("profile_rollout", "profile_train_kl"):  # CPU: aten operators' time by kind
@@ -77,6 +80,10 @@ def test_tiny_run_reports_every_stage(tmp_path):
     assert 0 < static["parity_max"] < 0.1
     assert rows["omnirl_rollout_fp8"]["calibration_s"] is None  # row-wise: nothing to calibrate
     assert rows["omnirl_rollout_fp8_static_fast"]["fast_accum"] is True
+    # the float8 trainer (forward and input gradient) against the float8 rollout
+    assert rows["omnirl_train_fp8"]["layers"] > 0 and rows["omnirl_train_fp8_fast"]["fast_accum"]
+    assert 0 < rows["omnirl_train_fp8"]["parity_max"] < 0.1
+    assert rows["omnirl_train_fp8"]["parity_of"].startswith("float8 compiled rollout")
     assert rows["baseline"]["iteration_s_per_image"] > 0
     assert rows["warm_start"]["process_to_first_group_s"] > 0
     md = (tmp_path / "gpu_sd35m.md").read_text()

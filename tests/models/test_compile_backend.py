@@ -12,7 +12,13 @@ import os
 import pytest
 import torch
 
-from omnirl.models.compile import CompileConfig, compile_module, is_compiled, repeated_blocks
+from omnirl.models.compile import (
+    CompileConfig,
+    compile_module,
+    is_compiled,
+    regional_scope,
+    repeated_blocks,
+)
 from omnirl.models.compile_cache import load_artifacts, save_artifacts, use_cache_dir
 from omnirl.models.sd3 import SD3RolloutAdapter, SD3TrainingAdapter
 from omnirl.models.transitions import collate_transitions
@@ -108,6 +114,44 @@ def test_compiled_trainer_with_checkpointing_matches_eager_log_probs_and_grads(
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-4)
     with pytest.raises(ValueError, match="CUDA graphs"):
         train.compile(CompileConfig(mode="reduce-overhead"))
+
+
+def test_whole_scope_compiles_the_denoiser_as_one_module_and_matches_eager(
+    tiny_sd3_path, test_device, eager_groups
+):
+    torch.manual_seed(0)
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
+    )
+    counter = CountingBackend()
+    names = adapter.compile(CompileConfig(backend=counter, regional=regional_scope("whole")))
+    assert names == ["SD3Transformer2DModel"]
+    assert not any(
+        getattr(b, "_omnirl_compiled", False) for b in repeated_blocks(adapter.transformer)
+    )
+    groups = _sample(adapter)
+    torch.testing.assert_close(groups[0].log_probs, eager_groups[0].log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(groups[0].final_latents, eager_groups[0].final_latents)
+    # the trainer's whole graph: log-probs and gradients as eager, the reference pass too
+    batch = collate_transitions(eager_groups, 1)
+    grads = []
+    for scope in (None, "whole"):
+        torch.manual_seed(0)
+        train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, device=test_device, lora=LORA)
+        if scope:
+            train.compile(CompileConfig(backend="aot_eager", regional=regional_scope(scope)))
+        out = train.transition(batch, sde_type="sde")
+        out.log_prob.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in train.trainable_parameters()]).cpu())
+        with torch.no_grad(), train.reference():
+            assert torch.isfinite(train.transition(batch, sde_type="sde").prev_sample_mean).all()
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-4)
+
+
+def test_compile_scopes_by_name():
+    assert regional_scope("blocks") is True and regional_scope("whole") is False
+    with pytest.raises(ValueError, match="unknown compile scope 'layers'; known: blocks, whole"):
+        regional_scope("layers")
 
 
 def test_compile_cache_directory_and_artifacts(tmp_path, monkeypatch):

@@ -48,15 +48,21 @@ def test_float8_linear_matches_the_linear_it_replaces(test_device):
     expected = linear(x).float()
     fp8 = Float8Linear(linear)
     assert fp8.weight is linear.weight and fp8.bias is linear.bias  # the same parameters
-    got = fp8(x)
+    with torch.no_grad():  # the rollout's mode
+        got = fp8(x)
     assert got.dtype == torch.bfloat16 and got.shape == (3, 50, 64)
     err = (got.float() - expected).norm() / expected.norm()
     assert 0 < err < 0.06  # e4m3 on both operands: a few percent, not bit-equal
     with torch.no_grad():
         linear.weight.mul_(2)
-    fp8.refresh()  # re-quantised from the changed parameter, in place
-    err2 = (fp8(x).float() - linear(x).float()).norm() / linear(x).float().norm()
+        fp8.refresh()  # re-quantised from the changed parameter, in place
+        err2 = (fp8(x).float() - linear(x).float()).norm() / linear(x).float().norm()
     assert err2 < 0.06
+    # the weight is frozen; one set to want a gradient again is refused (float8 gives none)
+    assert not fp8.weight.requires_grad
+    fp8.weight.requires_grad_(True)
+    with pytest.raises(Float8Error, match="frozen weight"):
+        fp8(x)
 
 
 def test_conversion_leaves_modulation_lora_and_odd_sizes_alone():

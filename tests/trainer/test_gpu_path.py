@@ -141,6 +141,28 @@ def test_attention_backend_is_validated_and_listed_alike_by_trainer_and_rollout(
         attention_backend("fast")
 
 
+def test_compile_scope_is_validated_and_listed_alike_by_trainer_and_rollout():
+    from omnirl.models.compile import COMPILE_SCOPES
+    from omnirl.rollout.cli import build_parser
+    from omnirl.trainer.config import ConfigError
+
+    base = ["model.path=x", "data.prompts=p"]
+    assert load_config(None, [*base, "train.compile_scope=whole"]).train.compile_scope == "whole"
+    with pytest.raises(ConfigError, match=r"train\.compile_scope.*'layers'"):
+        load_config(None, [*base, "train.compile_scope=layers"])
+    with pytest.raises(ConfigError, match=r"cannot run under train\.parallel=fsdp"):
+        load_config(None, [*base, "train.compile_scope=whole", "train.parallel=fsdp"])
+    # float8 training: LoRA runs only (no weight gradients through a float8 forward)
+    assert load_config(None, [*base, "train.float8=true"]).train.float8 is True
+    with pytest.raises(ConfigError, match=r"train\.float8.*needs model\.lora"):
+        load_config(None, [*base, "train.float8=true", "model.lora=null"])
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "compile_scope")
+    assert tuple(action.choices) == COMPILE_SCOPES
+    args = parser.parse_args(["--trainer", "tcp://x:1", "--compile-scope", "whole"])
+    assert args.compile_scope == "whole"
+
+
 @pytest.mark.parametrize("name", ["default", "cudnn", "flash", "efficient", "math"])
 def test_every_attention_backend_computes_attention_here(name):
     """A preferred kernel this device lacks falls back to one it has (same values)."""

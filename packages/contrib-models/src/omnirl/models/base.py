@@ -237,6 +237,12 @@ class DiffusionTrainingAdapter(abc.ABC):
         compiled. A family without it raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} cannot be compiled")
 
+    def enable_float8(self, *, fast_accum: bool = False) -> int:
+        """Run the denoiser's frozen block linear layers in float8, forward and input gradient
+        (:mod:`omnirl.models.float8`, "Training"); return how many were converted. A family
+        without it raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no float8 training")
+
     @abc.abstractmethod
     def export_weights(self) -> dict[str, Tensor]:
         """What a weight update carries: LoRA tensors only, or every transformer weight.

@@ -29,6 +29,19 @@ import torch
 
 log = logging.getLogger("omnirl.models.compile")
 
+# what one compiled graph covers: each repeated block (fast to compile, one graph reused by
+# every block of a variant) or the whole denoiser (one graph per call: fusion across block
+# boundaries and, under "reduce-overhead", one CUDA graph replay per model call; the compile
+# time grows with the depth)
+COMPILE_SCOPES = ("blocks", "whole")
+
+
+def regional_scope(scope: str) -> bool:
+    """``CompileConfig.regional`` for a scope name: ``"blocks"`` -> True, ``"whole"`` -> False."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"unknown compile scope {scope!r}; known: {', '.join(COMPILE_SCOPES)}")
+    return scope == "blocks"
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CompileConfig:

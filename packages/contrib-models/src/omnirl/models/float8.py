@@ -26,6 +26,15 @@ Scaling (what torch's row-wise ``_scaled_mm`` takes):
 ``fast_accum``: the matmul's fast accumulation mode on Hopper (partial sums not promoted to
 float32 as often; what float8 inference usually runs with). Opt-in, like float8 itself.
 
+**Training** (``Float8Linear.enable_backward``, the trainer's ``train.float8``): a LoRA
+trainer's base weights are frozen, so of a linear layer's three matmuls only two remain, the
+forward and the input gradient (``dx = dy @ W``), and both can run in float8: the forward as
+above (row-wise), the input gradient with ``dy`` quantised per row and a second float8 copy
+of the weight quantised per input channel (``weight_t_fp8``). No weight gradient is
+computed, so a layer whose weight requires one refuses to train (full fine-tuning stays in
+the model dtype); the LoRA branch beside it is untouched. The input activation is not saved
+for the backward (only a weight gradient would need it).
+
 Only the linear layers of the denoiser's repeated blocks are converted, and of those not the
 adaLN modulation (one row per sample: no speed to gain, and the whole block's scale and
 shift depend on it) nor layers whose sizes are not multiples of 16 (the kernel's
@@ -67,10 +76,56 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
+def scaled_matmul(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, fast: bool) -> Tensor:
+    """``(a * scale_a) @ (b * scale_b)`` in bf16: float8 ``a`` ``[M, K]`` (row-major) and ``b``
+    ``[K, N]`` (column-major), float32 ``scale_a`` ``[M, 1]`` and ``scale_b`` ``[1, N]``.
+
+    Outside autocast: its inputs and output dtype are explicit, and torch's CPU emulation
+    under autocast computes something else (about 1e-1 apart at unit scale), which the
+    compiled graph does not, so eager and compiled layers would disagree.
+    """
+    with torch.autocast(a.device.type, enabled=False):
+        return torch._scaled_mm(
+            a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=fast
+        )
+
+
+def _dgrad_scaled_mm(
+    grad_rows: Tensor, weight_t_fp8: Tensor, weight_t_scale: Tensor, fast_accum: bool
+) -> Tensor:
+    """``dx = dy @ W`` in float8: ``grad_rows`` ``[M, out]`` quantised per row, the weight's
+    per-input-channel copy ``weight_t_fp8`` ``[in, out]`` with scales ``[1, in]``; returns
+    bf16 ``[M, in]``."""
+    q, scale = quantize_rows(grad_rows)
+    return scaled_matmul(q, weight_t_fp8.t(), scale, weight_t_scale, fast_accum)  # b: [out, in]
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """``y = x @ W^T`` with a float8 forward and a float8 input gradient (``W`` frozen).
+
+    ``rows`` ``[M, in]``; returns bf16 ``[M, out]``; the gradient w.r.t. ``rows`` is in
+    ``rows``' dtype. Nothing of ``rows`` is saved: without a weight gradient it is not needed.
+    """
+
+    @staticmethod
+    def forward(ctx, rows, weight_fp8, weight_scale, weight_t_fp8, weight_t_scale, fast):
+        ctx.save_for_backward(weight_t_fp8, weight_t_scale)
+        ctx.fast_accum, ctx.in_dtype = fast, rows.dtype
+        q, scale = quantize_rows(rows)
+        return scaled_matmul(q, weight_fp8.t(), scale, weight_scale, fast)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight_t_fp8, weight_t_scale = ctx.saved_tensors
+        dx = _dgrad_scaled_mm(grad.contiguous(), weight_t_fp8, weight_t_scale, ctx.fast_accum)
+        return dx.to(ctx.in_dtype), None, None, None, None, None
+
+
 class Float8Linear(nn.Linear):
     """An ``nn.Linear`` whose forward is a row-wise scaled float8 matmul.
 
-    Keeps ``weight`` (and ``bias``) as its parameters, in the model dtype; the float8 copy
+    Keeps ``weight`` (and ``bias``) as its parameters, in the model dtype and frozen (a
+    float8 forward has no weight gradient; a weight set to require one is refused); the float8 copy
     ``weight_fp8`` ``[out, in]`` and its scales ``weight_scale`` float32 ``[1, out]`` are
     non-persistent buffers, refreshed in place by :meth:`refresh` (in place, so a compiled
     graph that captured them stays valid). Output dtype: the input's.
@@ -86,6 +141,8 @@ class Float8Linear(nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        # frozen: a float8 forward computes no weight gradient (updates still copy in place)
+        self.requires_grad_(False)
         device = linear.weight.device
         self.register_buffer(
             "weight_fp8",
@@ -97,6 +154,9 @@ class Float8Linear(nn.Linear):
             torch.empty(1, self.out_features, dtype=torch.float32, device=device),
             persistent=False,
         )
+        # the input gradient's weight copy (enable_backward): [in, out], per input channel
+        self.register_buffer("weight_t_fp8", None, persistent=False)
+        self.register_buffer("weight_t_scale", None, persistent=False)
         self.register_buffer("input_scale", torch.ones(1, 1, device=device), persistent=False)
         self.register_buffer("input_amax", torch.zeros(1, device=device), persistent=False)
         self.activation = "rowwise"
@@ -119,6 +179,27 @@ class Float8Linear(nn.Linear):
         self.fast_accum = bool(fast_accum)
 
     @property
+    def trains(self) -> bool:
+        """Whether the layer back-propagates to its input in float8 (:meth:`enable_backward`)."""
+        return self.weight_t_fp8 is not None
+
+    @torch.no_grad()
+    def enable_backward(self) -> None:
+        """Back-propagate to the input in float8 (the module docstring's "Training"): keeps a
+        second float8 copy of the weight, quantised per input channel. The weight must be
+        frozen; row-wise activation scales only (a trainer has no calibration call)."""
+        if self.weight.requires_grad:
+            raise Float8Error(
+                "a float8 layer trains only with a frozen weight (LoRA); this one requires a "
+                "gradient (full fine-tuning runs in the model dtype)"
+            )
+        if self.activation != "rowwise":
+            raise Float8Error(f"float8 training takes row-wise scales, not {self.activation!r}")
+        q, scale = quantize_rows(self.weight.t())
+        self.weight_t_fp8 = q.contiguous()
+        self.weight_t_scale = scale.t().contiguous()
+
+    @property
     def needs_calibration(self) -> bool:
         return self.activation == "static" and not self.calibrated
 
@@ -130,6 +211,10 @@ class Float8Linear(nn.Linear):
         q, scale = quantize_rows(self.weight)
         self.weight_fp8.copy_(q)
         self.weight_scale.copy_(scale.t())
+        if self.trains:
+            q, scale = quantize_rows(self.weight.t())
+            self.weight_t_fp8.copy_(q)
+            self.weight_t_scale.copy_(scale.t())
         if recalibrate:
             self.calibrated = False
 
@@ -148,28 +233,44 @@ class Float8Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
-        if self.activation == "static" and self.calibrated and not self.calibrating:
-            q = (rows.float() / self.input_scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
-            scale = self.input_scale.expand(rows.shape[0], 1).contiguous()
+        if torch.is_grad_enabled() and (rows.requires_grad or self.weight.requires_grad):
+            y = self._trained_matmul(rows)
         else:
-            if self.calibrating:
-                torch.maximum(self.input_amax, rows.abs().amax().float(), out=self.input_amax)
-            q, scale = quantize_rows(rows)
-        y = torch._scaled_mm(
-            q,
-            self.weight_fp8.t(),  # column-major [in, out], as the kernel wants
-            scale_a=scale,
-            scale_b=self.weight_scale,
-            out_dtype=torch.bfloat16,
-            use_fast_accum=self.fast_accum,
-        )
+            q, scale = self._quantized_input(rows)
+            # weight_fp8.t(): column-major [in, out], as the kernel wants
+            y = scaled_matmul(q, self.weight_fp8.t(), scale, self.weight_scale, self.fast_accum)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
+    def _quantized_input(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """``rows`` ``[M, in]`` -> float8 ``[M, in]`` and float32 scales ``[M, 1]``."""
+        if self.activation == "static" and self.calibrated and not self.calibrating:
+            q = (rows.float() / self.input_scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
+            return q, self.input_scale.expand(rows.shape[0], 1).contiguous()
+        if self.calibrating:
+            torch.maximum(self.input_amax, rows.abs().amax().float(), out=self.input_amax)
+        return quantize_rows(rows)
+
+    def _trained_matmul(self, rows: Tensor) -> Tensor:
+        if not self.trains or self.weight.requires_grad:
+            raise Float8Error(
+                "a gradient through a float8 layer needs enable_backward() and a frozen "
+                "weight (a float8 forward computes no weight gradient)"
+            )
+        return _Float8Matmul.apply(
+            rows,
+            self.weight_fp8,
+            self.weight_scale,
+            self.weight_t_fp8,
+            self.weight_t_scale,
+            self.fast_accum,
+        )
+
     def extra_repr(self) -> str:
         accum = ", fast accumulation" if self.fast_accum else ""
-        return f"{super().extra_repr()}, float8=e4m3, activations {self.activation}{accum}"
+        trains = ", float8 input gradient" if self.trains else ""
+        return f"{super().extra_repr()}, float8=e4m3, activations {self.activation}{accum}{trains}"
 
 
 def _is_modulation(name: str) -> bool:

@@ -187,7 +187,7 @@ class DiffusionTrajectoryGroup(Message, tag="diffusion_group", kw_only=True):
     images: Tensor | None = None  # uint8 [G, H, W, 3] (video: [G, F, H, W, 3])
     extra: dict[str, Tensor] = {}  # model-family specific tensors
     rewards: Rewards | None = None
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {}  # seconds by phase: encode_s, denoise_s, decode_s, pack_s
 
 
 class MediaRef(msgspec.Struct, kw_only=True):

@@ -37,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile mode (default: torch's; 'reduce-overhead' adds CUDA graphs)",
     )
     parser.add_argument(
+        "--compile-scope",
+        default=None,
+        choices=["blocks", "whole"],
+        help="what one compiled graph covers (implies --compile): each transformer block "
+        "('blocks', the default: quick to compile) or the whole denoiser ('whole': fusion "
+        "across blocks and, with --compile-mode reduce-overhead, one CUDA graph per model "
+        "call; longer to compile)",
+    )
+    parser.add_argument(
         "--attention",
         default="default",
         choices=["default", "cudnn", "flash", "efficient", "math"],
@@ -113,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer=args.trainer,
             device=args.device,
             dtype=args.dtype,
-            compile=args.compile or args.compile_mode is not None,
+            compile=args.compile or args.compile_mode is not None or bool(args.compile_scope),
             compile_mode=args.compile_mode,
+            compile_scope=args.compile_scope or "blocks",
             compile_cache=args.compile_cache,
             float8=args.float8,
             float8_fast_accum=args.float8_fast_accum,

@@ -125,6 +125,7 @@ class RolloutModel:
         dtype: str,
         compile: bool = False,
         compile_mode: str | None = None,
+        compile_scope: str = "blocks",
         compile_cache: str | None = None,
         float8: str | None = None,
         float8_fast_accum: bool = False,
@@ -134,7 +135,8 @@ class RolloutModel:
         """Load ``welcome.model_path`` with the adapter shape the first update needs.
 
         ``compile``: the compiled backend, warmed up here on one lease of the run's shapes
-        (so the first real lease does not wait for compilation). ``compile_cache``: a
+        (so the first real lease does not wait for compilation), ``compile_scope`` what one
+        graph covers (:data:`omnirl.models.compile.COMPILE_SCOPES`). ``compile_cache``: a
         directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
         before compiling and written after the warm-up when absent. ``float8``: the
         denoiser's block linear layers in float8 with ``"rowwise"`` or ``"static"`` activation
@@ -177,7 +179,11 @@ class RolloutModel:
             )
         if compile:
             model.compile_and_warm_up(
-                welcome, mode=compile_mode, cache=compile_cache, capacity=capacity
+                welcome,
+                mode=compile_mode,
+                scope=compile_scope,
+                cache=compile_cache,
+                capacity=capacity,
             )
         return model
 
@@ -186,19 +192,22 @@ class RolloutModel:
         welcome: Welcome,
         *,
         mode: str | None = None,
+        scope: str = "blocks",
         cache: str | None = None,
         capacity: int = 1,
     ) -> float:
         """Compile the adapter and sample one throw-away lease of the run's shapes; returns
         the seconds it took (compilation included)."""
-        from omnirl.models.compile import CompileConfig
+        from omnirl.models.compile import CompileConfig, regional_scope
         from omnirl.models.compile_cache import load_artifacts, save_artifacts
 
         artifacts = Path(cache) / "artifacts.bin" if cache else None
         if artifacts is not None and artifacts.is_file():
             load_artifacts(artifacts)
         start = time.perf_counter()
-        self.adapter.compile(CompileConfig(mode=mode, cache_dir=cache))
+        self.adapter.compile(
+            CompileConfig(mode=mode, cache_dir=cache, regional=regional_scope(scope))
+        )
         prompts, sampling = warmup_lease(welcome, capacity=capacity)
         # a first call that calibrates float8 scales runs eagerly: the second one compiles
         calls = 2 if self.adapter.float8_needs_calibration() else 1

@@ -64,6 +64,7 @@ class RolloutWorkerConfig:
     dtype: str = "float32"
     compile: bool = False  # the compiled backend (omnirl.models.compile), warmed up at build
     compile_mode: str | None = None  # torch.compile mode; "reduce-overhead": CUDA graphs
+    compile_scope: str = "blocks"  # "blocks" | "whole" (omnirl.models.compile.COMPILE_SCOPES)
     compile_cache: str | None = None  # persistent compile cache directory (shared by workers)
     float8: str | None = (
         None  # block linears in float8: "rowwise" | "static" (omnirl.models.float8)
@@ -219,6 +220,7 @@ class RolloutWorker:
                     dtype=cfg.dtype,
                     compile=cfg.compile,
                     compile_mode=cfg.compile_mode,
+                    compile_scope=cfg.compile_scope,
                     compile_cache=cfg.compile_cache,
                     float8=cfg.float8,
                     float8_fast_accum=cfg.float8_fast_accum,

@@ -28,7 +28,10 @@ _MODEL_KEYS = (
     "gradient_checkpointing",
     "compile",
     "compile_mode",
+    "compile_scope",
     "compile_cache",
+    "float8",
+    "float8_fast_accum",
     "attention",
     "parallel",
 )
@@ -88,11 +91,17 @@ class AdapterBackend:
             lora=lora,
             gradient_checkpointing=cfg.train.gradient_checkpointing,
         )
+        if cfg.train.float8:  # before compiling: the blocks trace the float8 layers
+            self.adapter.enable_float8(fast_accum=cfg.train.float8_fast_accum)
         if cfg.train.compile:
-            from omnirl.models.compile import CompileConfig
+            from omnirl.models.compile import CompileConfig, regional_scope
 
             self.adapter.compile(
-                CompileConfig(mode=cfg.train.compile_mode, cache_dir=cfg.train.compile_cache)
+                CompileConfig(
+                    mode=cfg.train.compile_mode,
+                    cache_dir=cfg.train.compile_cache,
+                    regional=regional_scope(cfg.train.compile_scope),
+                )
             )
         self.weight_format = self.adapter.weight_format
         self.adapter_config = self.adapter.adapter_config()

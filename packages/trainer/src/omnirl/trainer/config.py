@@ -141,7 +141,15 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute block activations in backward
     compile: bool = False  # each transformer block torch.compiled (omnirl.models.compile)
     compile_mode: str | None = None  # torch.compile mode; null: torch's default
+    # "blocks": each transformer block a graph; "whole": the denoiser one graph (slower to
+    # compile; fuses across blocks). Not with FSDP (its hooks run around each block)
+    compile_scope: str = "blocks"
     compile_cache: str | None = None  # persistent compile cache directory
+    # the blocks' frozen linear layers as float8 matmuls, forward and input gradient (LoRA
+    # runs, Hopper GPUs; omnirl.models.float8, "Training"); float8_fast_accum: Hopper's fast
+    # accumulation in those matmuls
+    float8: bool = False
+    float8_fast_accum: bool = False
     # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
     # rollout's --attention should name the same one (log-prob parity)
     attention: str = "default"
@@ -280,7 +288,24 @@ def _validate(cfg: DictConfig) -> None:
         check_schedule(cfg.train.lr_schedule, cfg.train.lr_min_ratio)
     except ValueError as err:
         raise ConfigError(f"key 'train.{str(err).split()[0]}': {err}") from None
+    from omnirl.models.compile import COMPILE_SCOPES
     from omnirl.models.device import ATTENTION_BACKENDS
+
+    if cfg.train.compile_scope not in COMPILE_SCOPES:
+        raise ConfigError(
+            f"key 'train.compile_scope': unknown compile scope {cfg.train.compile_scope!r}; "
+            f"known: {list(COMPILE_SCOPES)}"
+        )
+    if cfg.train.float8 and cfg.model.lora is None:
+        raise ConfigError(
+            "key 'train.float8': float8 training needs model.lora (a full fine-tune trains "
+            "every weight, and a float8 forward computes no weight gradient)"
+        )
+    if cfg.train.compile_scope == "whole" and cfg.train.parallel == "fsdp":
+        raise ConfigError(
+            "key 'train.compile_scope': 'whole' cannot run under train.parallel=fsdp (FSDP2 "
+            "gathers each block's weights in hooks around it); use 'blocks'"
+        )
 
     if cfg.train.attention not in ATTENTION_BACKENDS:
         raise ConfigError(

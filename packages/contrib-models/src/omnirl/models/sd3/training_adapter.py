@@ -17,7 +17,13 @@ from torch import Tensor
 
 from omnirl.models.base import DiffusionTrainingAdapter, SampleEncoder, WeightFormat
 from omnirl.models.clean_batch import CleanSampleBatch
-from omnirl.models.compile import CompileConfig, compile_module
+from omnirl.models.compile import CompileConfig, compile_module, repeated_blocks
+from omnirl.models.float8 import (
+    Float8Error,
+    check_float8_device,
+    convert_to_float8,
+    float8_layers,
+)
 from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
 from omnirl.models.sd3.lora import add_lora
@@ -107,6 +113,31 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
                 "use mode=None or 'max-autotune-no-cudagraphs'"
             )
         return compile_module(self.transformer, config)
+
+    def enable_float8(self, *, fast_accum: bool = False) -> int:
+        """The transformer blocks' frozen linear layers as float8 matmuls in the forward and
+        in the input gradient (row-wise scales; :mod:`omnirl.models.float8`, "Training"); the
+        LoRA branches, the adaLN modulation and everything outside the blocks stay in the
+        model dtype. The reference pass (adapter disabled) runs the same float8 layers. Call
+        before :meth:`compile`. LoRA runs only: a full fine-tune needs weight gradients.
+        Returns how many layers were converted; raises
+        :class:`~omnirl.models.float8.Float8Error` on a device without float8 matmuls.
+        """
+        check_float8_device(self.device)
+        if self.lora_config is None:
+            raise Float8Error(
+                "float8 training needs a LoRA run: a full fine-tune trains every weight, and "
+                "a float8 forward computes no weight gradient"
+            )
+        blocks = repeated_blocks(self.transformer)
+        if not blocks:
+            raise Float8Error(f"{type(self.transformer).__name__} names no repeated blocks")
+        convert_to_float8(blocks, activation="rowwise", fast_accum=fast_accum)
+        layers = float8_layers(self.transformer)
+        for layer in layers:
+            layer.configure(activation="rowwise", fast_accum=fast_accum)
+            layer.enable_backward()
+        return len(layers)
 
     @property
     def weight_format(self) -> WeightFormat:
