@@ -82,7 +82,9 @@ def test_tiny_run_reports_every_stage(tmp_path):
     assert rows["omnirl_rollout_fp8_static_fast"]["fast_accum"] is True
     # the float8 trainer (forward and input gradient) against the float8 rollout
     assert rows["omnirl_train_fp8"]["layers"] > 0 and rows["omnirl_train_fp8_fast"]["fast_accum"]
-    assert 0 < rows["omnirl_train_fp8"]["parity_max"] < 0.1
+    # the last rollout stage left it row-wise float8 too: on the CPU the same arithmetic as
+    # the float8 trainer (fast accumulation is a GPU mode), closer than the float32 trainer
+    assert rows["omnirl_train_fp8"]["parity_max"] < rows["omnirl_rollout_fp8_fast"]["parity_max"]
     assert rows["omnirl_train_fp8"]["parity_of"].startswith("float8 compiled rollout")
     assert rows["baseline"]["iteration_s_per_image"] > 0
     assert rows["warm_start"]["process_to_first_group_s"] > 0
