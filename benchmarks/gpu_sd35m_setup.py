@@ -175,8 +175,9 @@ class FakeTextPipeline:
 
 
 def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+    from omnirl.models.device import synchronize
+
+    synchronize(device)
 
 
 class Clock:

@@ -45,6 +45,20 @@ def _sample(adapter, text: str = "a cat"):
     return adapter.sample(prompts, SAMPLING, lease_id="l", worker_id="w", policy_version=0)
 
 
+def _compiled_rollout(path, device, config: CompileConfig):
+    """The tiny rollout adapter compiled with ``config``, and the names it compiled."""
+    torch.manual_seed(0)
+    adapter = SD3RolloutAdapter.from_pretrained(
+        path, device=device, lora=LORA, max_sequence_length=16
+    )
+    return adapter, adapter.compile(config)
+
+
+def _assert_matches_eager(groups, eager_groups) -> None:
+    torch.testing.assert_close(groups[0].log_probs, eager_groups[0].log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(groups[0].final_latents, eager_groups[0].final_latents)
+
+
 @pytest.fixture(scope="module")
 def eager_groups(tiny_sd3_path, test_device):
     torch.manual_seed(0)
@@ -71,18 +85,13 @@ def test_repeated_blocks_are_the_transformer_blocks(tiny_sd3_path):
 def test_compiled_rollout_matches_eager_and_prompt_length_does_not_recompile(
     tiny_sd3_path, test_device, eager_groups
 ):
-    torch.manual_seed(0)
-    adapter = SD3RolloutAdapter.from_pretrained(
-        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
-    )
     counter = CountingBackend()
-    adapter.compile(CompileConfig(backend=counter))
+    adapter, _ = _compiled_rollout(tiny_sd3_path, test_device, CompileConfig(backend=counter))
     assert adapter.backend == "compiled"
     groups = _sample(adapter)
     graphs = counter.graphs
     assert graphs >= 2  # two block variants (the last block is context-pre-only)
-    torch.testing.assert_close(groups[0].log_probs, eager_groups[0].log_probs, atol=1e-5, rtol=0)
-    torch.testing.assert_close(groups[0].final_latents, eager_groups[0].final_latents)
+    _assert_matches_eager(groups, eager_groups)
     # a much longer prompt: the tokenizers pad / truncate to a fixed length, no new graph
     _sample(adapter, "a very long prompt " * 20)
     assert counter.graphs == graphs
@@ -119,19 +128,13 @@ def test_compiled_trainer_with_checkpointing_matches_eager_log_probs_and_grads(
 def test_whole_scope_compiles_the_denoiser_as_one_module_and_matches_eager(
     tiny_sd3_path, test_device, eager_groups
 ):
-    torch.manual_seed(0)
-    adapter = SD3RolloutAdapter.from_pretrained(
-        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
-    )
-    counter = CountingBackend()
-    names = adapter.compile(CompileConfig(backend=counter, regional=regional_scope("whole")))
+    whole = CompileConfig(backend=CountingBackend(), regional=regional_scope("whole"))
+    adapter, names = _compiled_rollout(tiny_sd3_path, test_device, whole)
     assert names == ["SD3Transformer2DModel"]
     assert not any(
         getattr(b, "_omnirl_compiled", False) for b in repeated_blocks(adapter.transformer)
     )
-    groups = _sample(adapter)
-    torch.testing.assert_close(groups[0].log_probs, eager_groups[0].log_probs, atol=1e-5, rtol=0)
-    torch.testing.assert_close(groups[0].final_latents, eager_groups[0].final_latents)
+    _assert_matches_eager(_sample(adapter), eager_groups)
     # the trainer's whole graph: log-probs and gradients as eager, the reference pass too
     batch = collate_transitions(eager_groups, 1)
     grads = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnirl.models.host_steps import HostSteps, synchronize
+from omnirl.models.device import synchronize
+from omnirl.models.host_steps import HostSteps
 
 
 def test_steps_gather_per_sample_in_step_order(test_device):

@@ -28,6 +28,13 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait for every queued kernel and copy on ``device`` (nothing to wait for on a CPU)."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
 def model_autocast(device_type: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """Autocast to ``dtype`` for a half-precision model on ``device_type``; a no-op for
     float32 models. On a CPU the attention itself runs in float32 (:class:`Float32Attention`)."""

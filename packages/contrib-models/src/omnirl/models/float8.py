@@ -195,9 +195,11 @@ class Float8Linear(nn.Linear):
             )
         if self.activation != "rowwise":
             raise Float8Error(f"float8 training takes row-wise scales, not {self.activation!r}")
-        q, scale = quantize_rows(self.weight.t())
-        self.weight_t_fp8 = q.contiguous()
-        self.weight_t_scale = scale.t().contiguous()
+        if not self.trains:
+            w = self.weight
+            self.weight_t_fp8 = torch.empty(w.shape[1], w.shape[0], dtype=FLOAT8, device=w.device)
+            self.weight_t_scale = torch.empty(1, w.shape[1], dtype=torch.float32, device=w.device)
+        self.refresh(recalibrate=False)
 
     @property
     def needs_calibration(self) -> bool:

@@ -6,7 +6,7 @@ lets the copy engine move them while the device computes the next step; stacking
 the device and copying the stack at the end of the loop costs a stack, a wait for the
 device and a copy at pageable-memory speed after the last step instead.
 
-Read the buffers only after :func:`synchronize` (the copies are asynchronous on an
+Read the buffers only after :func:`omnirl.models.device.synchronize` (the copies are asynchronous on an
 accelerator). On a CPU the copies are plain ones.
 """
 
@@ -14,12 +14,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for every queued kernel and copy on ``device`` (nothing to wait for on a CPU)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
 
 
 class HostSteps:

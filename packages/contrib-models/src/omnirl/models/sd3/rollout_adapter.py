@@ -24,6 +24,7 @@ from torch import Tensor
 
 from omnirl.models.base import DiffusionRolloutAdapter, WeightFormat, WeightLoadError, sample_seeds
 from omnirl.models.compile import CompileConfig, compile_module, repeated_blocks, step_begin
+from omnirl.models.device import synchronize
 from omnirl.models.float8 import (
     DEFAULT_MARGIN,
     Float8Error,
@@ -34,7 +35,7 @@ from omnirl.models.float8 import (
     needs_float8_calibration,
     refresh_float8,
 )
-from omnirl.models.host_steps import HostSteps, synchronize
+from omnirl.models.host_steps import HostSteps
 from omnirl.models.lora_merge import MergedLora
 from omnirl.models.registry import register_rollout_adapter
 from omnirl.models.schedulers import (
@@ -339,6 +340,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                 nxt = steps.get("next_latents")
                 logp = steps.get("log_probs")  # [N*G, K]
                 idx = torch.tensor(recorded, dtype=torch.int64)
+                rec_timesteps = timesteps[idx].cpu()  # [K], one host copy for every group
+                rec_sigmas, rec_next = sigmas[idx].cpu(), sigmas[idx + 1].cpu()
             embeds = group_cond.prompt_embeds.cpu()  # [N, L, D]
             pooled = group_cond.pooled_prompt_embeds.cpu()  # [N, D']
             neg = _host(group_cond.negative_prompt_embeds)
@@ -357,9 +360,9 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
                         architecture=self.architecture,
                         seeds=seeds[sl].clone(),
                         step_indices=idx.clone() if record else None,
-                        timesteps=timesteps[idx].cpu() if record else None,
-                        sigmas=sigmas[idx].cpu() if record else None,
-                        next_sigmas=sigmas[idx + 1].cpu() if record else None,
+                        timesteps=rec_timesteps.clone() if record else None,
+                        sigmas=rec_sigmas.clone() if record else None,
+                        next_sigmas=rec_next.clone() if record else None,
                         noise_levels=levels[idx].clone() if record else None,
                         latents=_own(lat[sl]) if record else None,
                         next_latents=_own(nxt[sl]) if record else None,
