@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sd35m_args import parse_args
+from gpu_sd35m_float8 import Float8Stages
 from gpu_sd35m_profile import profile_kernels
 from gpu_sd35m_report import Report
 from gpu_sd35m_setup import (
@@ -47,6 +48,7 @@ from gpu_sd35m_setup import (
     build_transformer,
     build_vae,
     dynamo_counts,
+    phases_per_image,
 )
 from gpu_sd35m_warm_start import measure_warm_start, warm_start_child
 
@@ -74,26 +76,8 @@ STAGES: dict[str, tuple[float, str | None]] = {
     "train_fp8_fast": (60, "train_kl"),
 }
 
-# float8 stages: (activation scaling, fast accumulation) of ``rollout --float8``
-FP8_VARIANTS: dict[str, tuple[str, bool]] = {
-    "fp8": ("rowwise", False),
-    "fp8_fast": ("rowwise", True),
-    "fp8_static": ("static", False),
-    "fp8_static_fast": ("static", True),
-}
 
-# the trainer's float8 variants (``train.float8``, ``train.float8_fast_accum``): fast accumulation
-TRAIN_FP8_VARIANTS: dict[str, bool] = {"train_fp8": False, "train_fp8_fast": True}
-
-
-def phases_per_image(groups, images: int) -> dict[str, float]:
-    """The rollout's own phase timings of one ``sample`` call (encode, denoise, decode, pack:
-    the device synchronised at each boundary), in seconds per image."""
-    timings = groups[0].timings
-    return {f"phase_{k[:-2]}_s_per_image": v / images for k, v in timings.items()}
-
-
-class Bench:
+class Bench(Float8Stages):
     """The models and the measurements of one run; each ``stage_*`` adds rows to the report."""
 
     def __init__(self, args, report: Report):
@@ -374,79 +358,6 @@ class Bench:
         )
         self.sync_weights()
 
-    def fp8_variant(self, name: str) -> None:
-        """The rollout with float8 block linear layers (``rollout --float8 ACTIVATION``,
-        ``--float8-fast-accum``): speed, kernel split, parity against the bf16 compiled
-        trainer, and the same-work iteration. Rows are ``omnirl_rollout_<name>``,
-        ``profile_rollout_<name>``, ``omnirl_iteration_same_work_<name>``; a static variant
-        first calibrates on one eager call (``calibration_s``)."""
-        activation, fast = FP8_VARIANTS[name]
-        layers = self.rollout.enable_float8(activation=activation, fast_accum=fast)
-        calibration_s = None
-        if self.rollout.float8_needs_calibration():
-            _, calibration_s = self.sample()  # eager, row-wise: gathers the input ranges
-        _, first = self.sample()  # the blocks recompile around the (re)configured layers
-        runs = [self.sample() for _ in range(self.args.repeats)]
-        groups, steady = min(runs, key=lambda r: r[1])
-        dec = self.decode_time(groups)
-        n = self.setup.images
-        # on-policy: parity is precision alone (the KL step's if train_kl ran, else compile_train's)
-        step = getattr(self, "step_kl", None) or self.step0
-        m, _ = self.timed_step(step, groups)
-        what = f"float8 ({activation}{', fast accumulation' if fast else ''}) compiled rollout"
-        self.report.add(
-            f"omnirl_rollout_{name}",
-            s_per_image=steady / n,
-            denoise_s_per_image=(steady - dec) / n,
-            compile_s=first - steady,
-            calibration_s=calibration_s,
-            images_per_call=n,
-            **phases_per_image(groups, n),
-            layers=layers,
-            activation=activation,
-            fast_accum=fast,
-            parity_mean=m["behav_prox_logp_absdiff_mean"],
-            parity_max=m["behav_prox_logp_absdiff_max"],
-            parity_of=f"{what} vs compiled trainer in the model dtype",
-        )
-        self.sync_weights()
-        self.report.add(f"profile_rollout_{name}", **profile_kernels(self.device, self.sample))
-        if hasattr(self, "step_kl"):  # the same-work iteration needs the KL step
-            self.iterate(
-                f"omnirl_iteration_same_work_{name}",
-                self.step_kl,
-                None,
-                True,
-                parity_of=f"{what} vs compiled trainer",
-            )
-
-    def train_fp8_variant(self, name: str) -> None:
-        """The trainer's frozen block linear layers in float8, forward and input gradient
-        (``train.float8``): the compiled training step with the KL pass, its parity against
-        the rollout (whatever the rollout runs at this point: bf16, or float8 after an
-        ``fp8*`` stage), and the same-work iteration. Rows ``omnirl_<name>`` and
-        ``omnirl_iteration_same_work_<name>``. The trainer stays in float8 for later stages."""
-        fast = TRAIN_FP8_VARIANTS[name]
-        layers = self.train.enable_float8(fast_accum=fast)
-        step = self.train_step(self.setup.kl_beta)
-        groups, _ = self.sample()  # on-policy: the first step's parity is precision alone
-        m, first = self.timed_step(step, groups)  # the blocks recompile around the layers
-        _, t = self.timed_step(step, groups)
-        rollout = "float8" if self.rollout.float8 else "bf16"
-        what = f"{rollout} compiled rollout vs float8{' fast-accumulation' if fast else ''} trainer"
-        self.report.add(
-            f"omnirl_{name}",
-            s_per_sample_step=self.per_sample_step(groups, t),
-            compile_s=first - t,
-            layers=layers,
-            fast_accum=fast,
-            parity_mean=m["behav_prox_logp_absdiff_mean"],
-            parity_max=m["behav_prox_logp_absdiff_max"],
-            parity_of=what,
-        )
-        self.sync_weights()
-        self.iterate(f"omnirl_iteration_same_work_{name}", step, None, True, parity_of=what)
-
     def stage_checkpointing(self) -> None:
         self.train.transformer.enable_gradient_checkpointing()
         try:
@@ -529,11 +440,7 @@ def run(args) -> Report:
         attention = contextlib.nullcontext() if name == "baseline" else sdpa_context(args.sdpa)
         try:
             with attention:
-                if name in FP8_VARIANTS:
-                    bench.fp8_variant(name)
-                elif name in TRAIN_FP8_VARIANTS:
-                    bench.train_fp8_variant(name)
-                else:
+                if not bench.float8_stage(name):
                     getattr(bench, f"stage_{name}")()
             done.add(name)
         except Exception as err:  # one failed stage must not lose the others' results

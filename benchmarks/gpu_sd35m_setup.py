@@ -174,6 +174,13 @@ class FakeTextPipeline:
         return pe, npe, pooled, npooled
 
 
+def phases_per_image(groups, images: int) -> dict[str, float]:
+    """The rollout's own phase timings of one ``sample`` call (encode, denoise, decode, pack:
+    the device synchronised at each boundary), in seconds per image."""
+    timings = groups[0].timings
+    return {f"phase_{k[:-2]}_s_per_image": v / images for k, v in timings.items()}
+
+
 def sync(device) -> None:
     from omnirl.models.device import synchronize
 
