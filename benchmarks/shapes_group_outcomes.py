@@ -2,15 +2,18 @@
 
 A group-relative advantage is zero where every sample of a group scores the same, so a skill
 can be learned only from groups whose samples differ in it. For the first ``--prompts``
-prompts of one category in a prompt file, this samples groups of ``--group`` images of a
-base model in three modes (the quick start's SDE window with one initial noise per group,
-the same window with a fresh initial noise per sample, and the ODE) and prints, averaged
-over prompts: strict accuracy, the within-group std of the partial reward, the fraction of
-samples whose relation holds (position), and the fraction of groups with mixed outcomes.
+prompts of one category in a prompt file (``--category all``: a seeded draw from every
+category), this samples groups of ``--group`` images of a base model in each of ``--modes``
+(by default the SDE window with one initial noise per group, the same window with a fresh
+initial noise per sample, and the ODE; ``cps`` is the coefficients-preserving step on the
+window with one initial noise per group) and prints, averaged over prompts: strict
+accuracy, the within-group std of the partial reward, the fraction of samples whose
+relation holds (position), the fraction of groups with mixed outcomes, and the mean partial
+reward.
 
     uv run python benchmarks/shapes_group_outcomes.py MODEL_DIR \
         [--prompts-file examples/prompts/shapes_train.jsonl] [--category position] \
-        [--prompts 48] [--group 16] [--threads 2]
+        [--prompts 48] [--group 16] [--threads 2] [--window 0 3] [--modes sde,sde_fresh,ode]
 """
 
 from __future__ import annotations
@@ -21,15 +24,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# key -> (row label, sampling fields; the SDE window comes from --window, noise levels are
+# the algorithms' defaults: flow_grpo 0.7, flow_grpo_cps 0.8)
 MODES = {
-    "sde, one x_T per group": dict(sde_type="sde", sde_window=(0, 3), same_initial_noise=True),
-    "sde, fresh x_T": dict(sde_type="sde", sde_window=(0, 3), same_initial_noise=False),
-    "ode, fresh x_T": dict(sde_type="ode", same_initial_noise=False),
+    "sde": (
+        "sde, one x_T per group",
+        dict(sde_type="sde", noise_level=0.7, same_initial_noise=True),
+    ),
+    "sde_fresh": (
+        "sde, fresh x_T",
+        dict(sde_type="sde", noise_level=0.7, same_initial_noise=False),
+    ),
+    "ode": ("ode, fresh x_T", dict(sde_type="ode", same_initial_noise=False)),
+    "cps": (
+        "cps, one x_T per group",
+        dict(sde_type="cps", noise_level=0.8, same_initial_noise=True),
+    ),
 }
 
 
-def group_stats(scores) -> tuple[float, float, float, float, float]:
-    """(strict, partial std, relation holds, relation mixed, strict mixed) of one group."""
+def group_stats(scores) -> tuple[float, float, float, float, float, float]:
+    """(strict, partial std, relation holds, relation mixed, strict mixed, partial mean) of one
+    group."""
     strict = np.array([s.strict for s in scores], dtype=np.float64)
     partial = np.array([s.partial for s in scores])
     relation = np.array([bool(s.details.get("relation_ok")) for s in scores], dtype=np.float64)
@@ -39,6 +55,7 @@ def group_stats(scores) -> tuple[float, float, float, float, float]:
         relation.mean(),
         float(0 < relation.mean() < 1),
         float(0 < strict.mean() < 1),
+        partial.mean(),
     )
 
 
@@ -56,19 +73,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--group", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--window",
+        type=int,
+        nargs=2,
+        default=(0, 3),
+        metavar=("START", "END"),
+        help="the stochastic steps [START, END) of the SDE modes",
+    )
+    parser.add_argument("--modes", default="sde,sde_fresh,ode", help=f"of {', '.join(MODES)}")
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    if unknown := [m for m in modes if m not in MODES]:
+        parser.error(f"unknown mode(s) {unknown}; known: {', '.join(MODES)}")
     torch.set_num_threads(args.threads)
-    specs = [s for s in load_prompt_file(args.prompts_file) if s.category == args.category]
+    specs = load_prompt_file(args.prompts_file)
+    if args.category == "all":
+        order = np.random.default_rng(0).permutation(len(specs))
+        specs = [specs[i] for i in order]
+    else:
+        specs = [s for s in specs if s.category == args.category]
     specs = specs[: args.prompts]
     if not specs:
         parser.error(f"no {args.category!r} prompts in {args.prompts_file}")
     adapter = load_adapter(args.model)
     print(f"{len(specs)} {args.category} prompts x {args.group} samples, {args.model}")
     print(
-        "| mode | strict | partial std in a group | relation holds | groups mixed in relation | groups mixed in strict |"
+        "| mode | strict | partial std in a group | relation holds | groups mixed in relation "
+        "| groups mixed in strict | partial |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, mode in MODES.items():
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, mode in (MODES[m] for m in modes):
+        window = {} if mode["sde_type"] == "ode" else {"sde_window": tuple(args.window)}
         sampling = SamplingParams(
             group_size=args.group,
             seed=1,
@@ -78,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             width=32,
             record_latents=False,
             record_images=True,
+            **window,
             **mode,
         )
         groups = sample_specs(adapter, specs, sampling, batch_prompts=16, tag="g")
