@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from omnirl.reward.shapes import ShapeSpec, generate_prompts, render
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -230,3 +233,30 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     unscaled = load_adapter(pretrained)
     apply_policy(unscaled, run / "checkpoints" / "step_00000002" / "policy", {})  # alpha = r
     assert not np.array_equal(evaluate(unscaled, specs, **kw).images, expected.images)
+
+
+def test_summary_counts_the_distinct_prompts_among_the_lines():
+    from omnirl.tools.eval_shapes import EvalRun, format_table, load_prompt_file, summarise
+
+    specs = load_prompt_file(ROOT / "examples" / "prompts" / "shapes_heldout.jsonl")
+    two = [s for s in specs if s.category == "two_object"]
+    single = [s for s in specs if s.category == "single_object"]
+    chosen = two[:10] + single[:10]
+    n = len(chosen)
+    run = EvalRun(
+        specs=chosen,
+        strict=np.zeros((n, 2), dtype=bool),
+        partial=np.zeros((n, 2)),
+        images=np.zeros((n, 2, 4, 4, 3), dtype=np.uint8),
+        seconds=0.0,
+    )
+    summary = summarise(run)
+    cats = summary["categories"]
+    assert cats["two_object"]["prompts"] == 10
+    # the held-out split keeps one shape pair for two objects, in either order
+    assert cats["two_object"]["distinct"] == len({s.text for s in two[:10]}) <= 2
+    assert cats["single_object"]["distinct"] == len({s.text for s in single[:10]}) <= 3
+    assert summary["overall"]["distinct"] == (
+        cats["two_object"]["distinct"] + cats["single_object"]["distinct"]
+    )
+    assert "distinct" in format_table(summary).splitlines()[0]

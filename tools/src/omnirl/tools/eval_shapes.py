@@ -14,6 +14,11 @@ deterministic in ``--seed``) and scored by the ShapesEval detector. Prints stric
 per category and overall with a 95 % bootstrap confidence interval over prompts (each
 prompt's mean over its seeds is one observation, so seeds of one prompt are not counted as
 independent), and writes ``OUT/eval.json`` and ``OUT/grid.png`` (first prompts x seeds).
+
+The ``distinct`` column counts the different prompts among a category's lines. A prompt file
+may repeat a prompt (ShapesEval's held-out file has 100 lines of two-object prompts, all of
+one composition); the interval then measures the sampling noise of this checkpoint on this
+file, and says nothing of how another run would fare on that composition.
 """
 
 from __future__ import annotations
@@ -133,7 +138,8 @@ def bootstrap_ci(values: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
 
 def summarise(run: EvalRun) -> dict[str, Any]:
     """``{"overall": {...}, "categories": {cat: {...}}}``; each entry holds ``strict``,
-    ``ci95`` (bootstrap over prompts), ``partial``, ``prompts`` and ``samples``."""
+    ``ci95`` (bootstrap over prompts), ``partial``, ``prompts`` (lines), ``distinct`` (different
+    prompts among them) and ``samples``."""
     cats = np.array([s.category for s in run.specs])
 
     def entry(mask: np.ndarray) -> dict[str, Any]:
@@ -144,6 +150,7 @@ def summarise(run: EvalRun) -> dict[str, Any]:
             "ci95": [lo, hi],
             "partial": float(run.partial[mask].mean()) if mask.any() else float("nan"),
             "prompts": int(mask.sum()),
+            "distinct": len({run.specs[i] for i in np.flatnonzero(mask)}),
             "samples": int(run.strict[mask].size),
         }
 
@@ -155,13 +162,16 @@ def summarise(run: EvalRun) -> dict[str, Any]:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    lines = [f"{'category':<14} {'strict':>7} {'95% CI':>15} {'partial':>8} {'prompts':>8}"]
+    lines = [
+        f"{'category':<14} {'strict':>7} {'95% CI':>15} {'partial':>8} {'prompts':>8} "
+        f"{'distinct':>8}"
+    ]
     rows = [*summary["categories"].items(), ("overall", summary["overall"])]
     for name, e in rows:
         lo, hi = e["ci95"]
         lines.append(
             f"{name:<14} {e['strict']:>7.3f} {f'[{lo:.3f}, {hi:.3f}]':>15} "
-            f"{e['partial']:>8.3f} {e['prompts']:>8d}"
+            f"{e['partial']:>8.3f} {e['prompts']:>8d} {e['distinct']:>8d}"
         )
     return "\n".join(lines)
 
