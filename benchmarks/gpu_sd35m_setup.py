@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from omnirl.models.device import synchronize
+
 SD35M_TRANSFORMER: dict[str, Any] = {
     "sample_size": 128,
     "patch_size": 2,
@@ -181,12 +183,6 @@ def phases_per_image(groups, images: int) -> dict[str, float]:
     return {f"phase_{k[:-2]}_s_per_image": v / images for k, v in timings.items()}
 
 
-def sync(device) -> None:
-    from omnirl.models.device import synchronize
-
-    synchronize(device)
-
-
 class Clock:
     """Wall time with the device synchronised at both ends."""
 
@@ -195,12 +191,12 @@ class Clock:
 
     @contextlib.contextmanager
     def __call__(self, out: dict[str, float], key: str):
-        sync(self.device)
+        synchronize(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
-            sync(self.device)
+            synchronize(self.device)
             out[key] = out.get(key, 0.0) + time.perf_counter() - start
 
 
@@ -210,13 +206,13 @@ def matmul_ceiling(device, dtype, *, n: int = 8192, seconds: float = 2.0) -> flo
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    sync(device)
+    synchronize(device)
     iters, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds or iters < 3:
         for _ in range(5):
             a @ b
         iters += 5
-        sync(device)
+        synchronize(device)
     elapsed = time.perf_counter() - start
     return 2 * n**3 * iters / elapsed / 1e12
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from omnirl.models.device import synchronize
 from omnirl.models.sd3 import SD3RolloutAdapter
 from omnirl.models.sd3.tiny import make_tiny_sd3
 from omnirl.protocol.messages import PromptSpec, SamplingParams
@@ -70,20 +71,16 @@ def bench(
     def recorded() -> None:
         adapter.sample(prompts, sampling, lease_id="bench", worker_id="bench", policy_version=0)
 
-    def sync() -> None:
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
     times: dict[str, list[float]] = {"plain": [], "recorded": []}
     with torch.no_grad():
         for _ in range(2):  # warm-up
             plain(), recorded()
         for _ in range(repeats):
             for name, fn in (("plain", plain), ("recorded", recorded)):
-                sync()
+                synchronize(device)
                 t0 = time.perf_counter()
                 fn()
-                sync()
+                synchronize(device)
                 times[name].append(time.perf_counter() - t0)
     n_params = sum(p.numel() for p in pipe.transformer.parameters())
     med = {k: statistics.median(v) for k, v in times.items()}
