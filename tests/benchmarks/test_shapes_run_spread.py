@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,11 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "shapes_run_spread.py"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from shapes_run_spread import spread  # noqa: E402
 
 CATS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+
+
+def _spread(gains):
+    """The script's ``spread``, loaded from its file (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("shapes_run_spread", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.spread(gains)
 
 
 def _curve(folder: Path, gains: dict[str, float]) -> Path:
@@ -42,7 +48,7 @@ def test_one_moving_category_carries_all_of_the_spread():
     gains = [{c: 0.2 for c in CATS} | {"two_object": g} for g in (0.1, 0.4, 0.7)]
     for g in gains:
         g["overall"] = float(np.mean([g[c] for c in CATS]))
-    stats = spread(gains)
+    stats = _spread(gains)
     assert stats["two_object"]["share"] == pytest.approx(1.0)
     assert stats["counting"]["share"] == pytest.approx(0.0)
     assert stats["two_object"]["sd"] == pytest.approx(0.3)
@@ -58,7 +64,7 @@ def test_shares_add_to_one_and_co_movement_is_shared():
         g = {c: 0.2 + 0.05 * common + 0.02 * rng.normal() for c in CATS}
         g["overall"] = float(np.mean(list(g.values())))
         gains.append(g)
-    shares = [spread(gains)[c]["share"] for c in CATS]
+    shares = [_spread(gains)[c]["share"] for c in CATS]
     assert sum(shares) == pytest.approx(1.0)
     assert all(0.05 < s < 0.35 for s in shares)  # each category moves with the others
 

@@ -6,8 +6,8 @@ lets the copy engine move them while the device computes the next step; stacking
 the device and copying the stack at the end of the loop costs a stack, a wait for the
 device and a copy at pageable-memory speed after the last step instead.
 
-Read the buffers only after :func:`omnirl.models.device.synchronize` (the copies are asynchronous on an
-accelerator). On a CPU the copies are plain ones.
+Read the buffers only after :func:`omnirl.models.device.synchronize` (the copies are
+asynchronous on an accelerator). On a CPU the copies are plain ones.
 """
 
 from __future__ import annotations
