@@ -5,7 +5,7 @@ import math
 import pytest
 
 from omnirl.trainer.config import ConfigError, load_config
-from omnirl.trainer.lr_schedule import lr_factor, run_progress
+from omnirl.trainer.lr_schedule import lr_factor, run_progress, warmup_factor
 
 
 def test_factors_at_start_middle_and_end():
@@ -28,6 +28,12 @@ def test_progress_is_towards_whichever_limit_comes_first():
     assert run_progress(500, 100, 0.0, 0.0) == 1.0
 
 
+def test_warmup_rises_linearly_over_its_steps_then_stays_at_one():
+    assert [warmup_factor(s, 4) for s in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1, 1, 1])
+    assert warmup_factor(0, 0) == 1.0  # no warm-up
+    assert warmup_factor(0, 1) == 1.0  # one step of warm-up is the full rate
+
+
 def test_config_names_a_bad_schedule(tmp_path):
     base = ["model.path=unused", "data.prompts=unused.jsonl"]
     load_config(None, [*base, "train.lr_schedule=cosine", "train.lr_min_ratio=0.1"])
@@ -35,3 +41,5 @@ def test_config_names_a_bad_schedule(tmp_path):
         load_config(None, [*base, "train.lr_schedule=exp"])
     with pytest.raises(ConfigError, match=r"train\.lr_min_ratio"):
         load_config(None, [*base, "train.lr_min_ratio=1.5"])
+    with pytest.raises(ConfigError, match=r"train\.lr_warmup_steps.*-3"):
+        load_config(None, [*base, "train.lr_warmup_steps=-3"])

@@ -158,6 +158,7 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
         "logging.image_grid_every=1",
         "train.lr_schedule=linear",
         "train.lr_min_ratio=0.2",
+        "train.lr_warmup_steps=2",
     )
     backend = NullBackend()
     server, thread, result, address = _start(cfg, backend)
@@ -219,7 +220,8 @@ def test_server_round_trip_with_bad_input_duplicates_pushes_and_shutdown(tmp_pat
         assert reply.code == "shutdown"
         thread.join(10)
         assert result.get("rc") == 0
-        assert backend.lr_scales == pytest.approx([1.0, 0.6])  # linear over max_steps=2 to 0.2
+        # linear over max_steps=2 to 0.2, times the warm-up's 1/2 on the first step
+        assert backend.lr_scales == pytest.approx([0.5, 0.6])
         lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [1, 2]
         first = json.loads(lines[0])

@@ -23,7 +23,13 @@ from typing import Any
 from omnirl.trainer.config import ConfigError, LoraConfig, to_container
 
 # ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
-_LOOP_KEYS = ("groups_per_step", "max_staleness", "lr_schedule", "lr_min_ratio")
+_LOOP_KEYS = (
+    "groups_per_step",
+    "max_staleness",
+    "lr_schedule",
+    "lr_min_ratio",
+    "lr_warmup_steps",
+)
 _MODEL_KEYS = (
     "gradient_checkpointing",
     "compile",

@@ -134,6 +134,7 @@ class TrainConfig:
     # constant, linear or cosine, from 1 down to lr_min_ratio (omnirl.trainer.lr_schedule)
     lr_schedule: str = "constant"
     lr_min_ratio: float = 0.0
+    lr_warmup_steps: int = 0  # linear warm-up over the first N optimisation steps, then the schedule
     clip_range: float | None = None
     kl_beta: float | None = None
     max_grad_norm: float | None = None
@@ -285,7 +286,7 @@ def _validate(cfg: DictConfig) -> None:
     from omnirl.trainer.lr_schedule import check_schedule
 
     try:
-        check_schedule(cfg.train.lr_schedule, cfg.train.lr_min_ratio)
+        check_schedule(cfg.train.lr_schedule, cfg.train.lr_min_ratio, cfg.train.lr_warmup_steps)
     except ValueError as err:
         raise ConfigError(f"key 'train.{str(err).split()[0]}': {err}") from None
     from omnirl.models.compile import COMPILE_SCOPES

@@ -8,6 +8,11 @@ as 0). The schedule maps progress in [0, 1] to a factor on ``train.lr``:
 - ``linear``: from 1 down to ``min_ratio`` at the end of the run;
 - ``cosine``: ``min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2``.
 
+An optional linear warm-up (``train.lr_warmup_steps``) multiplies that factor by
+``(step + 1) / warmup_steps`` for the first ``warmup_steps`` optimisation steps. It counts
+steps, not time: its job is to keep the first updates (advantages from a base that has not
+moved, a fresh optimiser's unscaled second moments) small, however fast the machine is.
+
 A time-limited run's schedule follows the wall clock, so two runs of one config on machines
 of different speed see different factors at a given step; a step-limited run's does not. The
 elapsed time is the run's, not the process's: checkpoints record it and ``--resume`` continues
@@ -21,12 +26,14 @@ import math
 SCHEDULES = ("constant", "linear", "cosine")
 
 
-def check_schedule(name: str, min_ratio: float) -> None:
+def check_schedule(name: str, min_ratio: float, warmup_steps: int = 0) -> None:
     """Raise ``ValueError`` naming the bad value."""
     if name not in SCHEDULES:
         raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
     if not 0.0 <= min_ratio <= 1.0:
         raise ValueError(f"lr_min_ratio must be in [0, 1], got {min_ratio!r}")
+    if not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"lr_warmup_steps must be an integer >= 0, got {warmup_steps!r}")
 
 
 def run_progress(
@@ -48,3 +55,11 @@ def lr_factor(name: str, progress: float, min_ratio: float = 0.0) -> float:
     if name == "cosine":
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The linear warm-up's factor for optimisation step ``step`` (0-based): ``(step + 1) /
+    warmup_steps`` while ``step < warmup_steps``, 1 after (and always 1 with no warm-up)."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return 1.0
+    return (max(step, 0) + 1) / warmup_steps

@@ -51,7 +51,7 @@ from omnirl.trainer.data import PromptSource
 from omnirl.trainer.fleet import FleetControl
 from omnirl.trainer.intake import Intake
 from omnirl.trainer.ledger import Ledger
-from omnirl.trainer.lr_schedule import lr_factor, run_progress
+from omnirl.trainer.lr_schedule import lr_factor, run_progress, warmup_factor
 from omnirl.trainer.publisher import WeightPublisher
 
 log = logging.getLogger("omnirl.trainer")
@@ -348,7 +348,8 @@ class TrainerServer(FleetControl):
         return self._elapsed_before_s + time.monotonic() - self._started
 
     def _lr_scale(self) -> float:
-        """``train.lr_schedule`` at the run's progress towards its first limit."""
+        """``train.lr_schedule`` at the run's progress towards its first limit, times the
+        warm-up's factor at this step."""
         train = self.cfg.train
         progress = run_progress(
             self.step,
@@ -356,7 +357,9 @@ class TrainerServer(FleetControl):
             self.elapsed_s,
             self.cfg.max_minutes,
         )
-        return lr_factor(train.lr_schedule, progress, train.lr_min_ratio)
+        return lr_factor(train.lr_schedule, progress, train.lr_min_ratio) * warmup_factor(
+            self.step, train.lr_warmup_steps
+        )
 
     def _finish_step(self) -> None:
         future, self._future = self._future, None
