@@ -134,7 +134,8 @@ class TrainConfig:
     # constant, linear or cosine, from 1 down to lr_min_ratio (omnirl.trainer.lr_schedule)
     lr_schedule: str = "constant"
     lr_min_ratio: float = 0.0
-    lr_warmup_steps: int = 0  # linear warm-up over the first N optimisation steps, then the schedule
+    # linear warm-up over the first N optimisation steps, multiplying the schedule
+    lr_warmup_steps: int = 0
     clip_range: float | None = None
     kl_beta: float | None = None
     max_grad_norm: float | None = None
