@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -17,12 +18,17 @@ SCRIPT = ROOT / "benchmarks" / "shapes_run_spread.py"
 CATS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 
 
-def _spread(gains):
-    """The script's ``spread``, loaded from its file (benchmarks/ is not a package)."""
+@functools.cache
+def _script():
+    """The script as a module, loaded once from its file (benchmarks/ is not a package)."""
     spec = importlib.util.spec_from_file_location("shapes_run_spread", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.spread(gains)
+    return module
+
+
+def _spread(gains):
+    return _script().spread(gains)
 
 
 def _curve(folder: Path, gains: dict[str, float]) -> Path:

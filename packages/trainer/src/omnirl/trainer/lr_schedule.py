@@ -62,4 +62,4 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     warmup_steps`` while ``step < warmup_steps``, 1 after (and always 1 with no warm-up)."""
     if warmup_steps <= 0 or step >= warmup_steps:
         return 1.0
-    return (max(step, 0) + 1) / warmup_steps
+    return (step + 1) / warmup_steps
