@@ -43,7 +43,8 @@ def test_input_gradient_is_the_float8_matmul_and_close_to_the_linear(test_device
     reference(x_ref).backward(grad)
     # the input gradient is exactly dy (per-row e4m3) @ W (per-input-channel e4m3)
     q_dy, s_dy = quantize_rows(grad.reshape(-1, 64))
-    q_w, s_w = quantize_rows(linear.weight.t())
+    # [in, out] contiguous, so that its transpose is column-major (cuBLASLt's b)
+    q_w, s_w = quantize_rows(linear.weight.t().contiguous())
     expected = torch._scaled_mm(
         q_dy, q_w.t(), scale_a=s_dy, scale_b=s_w.t(), out_dtype=torch.bfloat16
     ).reshape(3, 40, 128)

@@ -165,10 +165,12 @@ def test_worker_model_merges_by_capability(tiny_sd3_path):
         RolloutModel.build(other, first, device="cpu", dtype="float32", lora_mode="merged")
 
 
-def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path):
+def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path, test_device):
     from omnirl.models.float8 import Float8Linear, quantize_rows
 
-    adapter = _load(tiny_sd3_path)
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
+    )
     adapter.enable_float8()
     adapter.merge_lora()
     adapter.load_weights("lora", _update(adapter, 1))

@@ -149,7 +149,8 @@ class TrainConfig:
     compile_cache: str | None = None  # persistent compile cache directory
     # the blocks' frozen linear layers as float8 matmuls, forward and input gradient (LoRA
     # runs, Hopper GPUs; omnirl.models.float8, "Training"); float8_fast_accum: Hopper's fast
-    # accumulation in those matmuls
+    # accumulation in those matmuls. Not faster on SD3.5-M (H200: 0.0429 s per sample-step
+    # against 0.0408 in bf16; docs/benchmarks.md, "GPU, seventh session")
     float8: bool = False
     float8_fast_accum: bool = False
     # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
