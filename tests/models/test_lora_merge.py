@@ -17,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]}
 
 
-def _load(path, lora=LORA):
-    return SD3RolloutAdapter.from_pretrained(path, lora=lora, max_sequence_length=16)
+def _load(path, lora=LORA, device="cpu"):
+    return SD3RolloutAdapter.from_pretrained(path, device=device, lora=lora, max_sequence_length=16)
 
 
 def _update(adapter, seed: int) -> dict[str, torch.Tensor]:
@@ -168,9 +168,7 @@ def test_worker_model_merges_by_capability(tiny_sd3_path):
 def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path, test_device):
     from omnirl.models.float8 import Float8Linear, quantize_rows
 
-    adapter = SD3RolloutAdapter.from_pretrained(
-        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
-    )
+    adapter = _load(tiny_sd3_path, device=test_device)
     adapter.enable_float8()
     adapter.merge_lora()
     adapter.load_weights("lora", _update(adapter, 1))
@@ -181,9 +179,7 @@ def test_forced_merge_requantises_float8_base_layers(tiny_sd3_path, test_device)
 
 
 def test_merged_lora_updates_keep_static_float8_scales(tiny_sd3_path, test_device):
-    adapter = SD3RolloutAdapter.from_pretrained(
-        tiny_sd3_path, device=test_device, lora=LORA, max_sequence_length=16
-    )
+    adapter = _load(tiny_sd3_path, device=test_device)
     adapter.enable_float8(activation="static")
     adapter.merge_lora()
     _sample(adapter)  # calibrates
