@@ -65,10 +65,11 @@ STAGES: dict[str, tuple[float, str | None]] = {
     "iterations": (25, "compile_train"),
     "train_kl": (60, "compile_train"),
     "profile": (30, "train_kl"),
-    "fp8_static": (75, "compile_train"),  # float8 stages: the iteration only after train_kl
-    "fp8_static_fast": (60, "compile_train"),
-    "fp8": (60, "compile_train"),
-    "fp8_fast": (60, "compile_train"),
+    # float8 stages: parity only after compile_train, the iteration only after train_kl
+    "fp8_static": (75, "compile_rollout"),
+    "fp8_static_fast": (60, "compile_rollout"),
+    "fp8": (60, "compile_rollout"),
+    "fp8_fast": (60, "compile_rollout"),
     "warm_start": (45, "compile_rollout"),
     "checkpointing": (120, "compile_train"),
     # last: the trainer stays in float8 after them
@@ -233,17 +234,22 @@ class Bench(Float8Stages):
         dec = self.decode_time(groups)
         n = self.setup.images
         self.report.add(
-            "omnirl_rollout_eager", s_per_image=secs / n, denoise_s_per_image=(secs - dec) / n
+            "omnirl_rollout_eager",
+            s_per_image=secs / n,
+            denoise_s_per_image=(secs - dec) / n,
+            **phases_per_image(groups, n),
         )
 
-    def compile_config(self):
+    def compile_config(self, scope: str | None = None):
+        """The run's ``CompileConfig``; ``scope``: ``blocks`` or ``whole`` (default
+        ``--compile-scope``)."""
         from omnirl.models.compile import CompileConfig, regional_scope
 
         return CompileConfig(
             backend=self.args.compile_backend,
             mode=self.args.compile_mode,
             cache_dir=self.args.cache_dir,
-            regional=regional_scope(self.args.compile_scope),
+            regional=regional_scope(scope or self.args.compile_scope),
         )
 
     def stage_compile_rollout(self) -> None:
@@ -283,7 +289,7 @@ class Bench(Float8Stages):
         self.version += 1
 
     def stage_compile_train(self) -> None:
-        self.train.compile(self.compile_config())
+        self.train.compile(self.compile_config(self.args.train_compile_scope))
         groups, _ = self.sample()  # fresh and on-policy: parity of compiled against compiled
         self.step0 = self.train_step(0.0)
         m, first = self.timed_step(self.step0, groups)

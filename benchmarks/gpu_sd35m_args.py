@@ -34,6 +34,13 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
         help="omnirl's compiled graphs (rollout and trainer): each block, or the whole model",
     )
     p.add_argument(
+        "--train-compile-scope",
+        default=None,
+        choices=["blocks", "whole"],
+        help="the trainer's compile scope (default: --compile-scope); a whole-model training "
+        "graph takes minutes to compile",
+    )
+    p.add_argument(
         "--micro",
         type=int,
         default=0,
@@ -59,6 +66,7 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     p.add_argument("--from-jsonl", default=None, help="only render this JSONL (with --write-docs)")
     p.add_argument("--warm-start-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.train_compile_scope = args.train_compile_scope or args.compile_scope
     args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
     args.matmul_n = args.matmul_n or (512 if args.tiny else 8192)
     return args

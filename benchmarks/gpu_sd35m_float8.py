@@ -51,9 +51,10 @@ class Float8Stages:
         groups, steady = min(runs, key=lambda r: r[1])
         dec = self.decode_time(groups)
         n = self.setup.images
-        # on-policy: parity is precision alone (the KL step's if train_kl ran, else compile_train's)
-        step = getattr(self, "step_kl", None) or self.step0
-        m, _ = self.timed_step(step, groups)
+        # on-policy: parity is precision alone (the KL step's if train_kl ran, else
+        # compile_train's; none without a compiled trainer)
+        step = getattr(self, "step_kl", None) or getattr(self, "step0", None)
+        m = self.timed_step(step, groups)[0] if step is not None else {}
         what = f"float8 ({activation}{', fast accumulation' if fast else ''}) compiled rollout"
         self.report.add(
             f"omnirl_rollout_{name}",
@@ -66,9 +67,9 @@ class Float8Stages:
             layers=layers,
             activation=activation,
             fast_accum=fast,
-            parity_mean=m["behav_prox_logp_absdiff_mean"],
-            parity_max=m["behav_prox_logp_absdiff_max"],
-            parity_of=f"{what} vs compiled trainer in the model dtype",
+            parity_mean=m.get("behav_prox_logp_absdiff_mean"),
+            parity_max=m.get("behav_prox_logp_absdiff_max"),
+            parity_of=f"{what} vs compiled trainer in the model dtype" if m else None,
         )
         self.sync_weights()
         self.report.add(f"profile_rollout_{name}", **profile_kernels(self.device, self.sample))
