@@ -90,3 +90,42 @@ def test_tiny_run_reports_every_stage(tmp_path):
     assert rows["warm_start"]["process_to_first_group_s"] > 0
     md = (tmp_path / "gpu_sd35m.md").read_text()
     assert "| omnirl, kl_beta 0 (no reference pass) | 3 |" in md
+
+
+def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):
+    """A float8 stage after the compiled rollout alone (no trainer compiled: no parity), the
+    rollout compiled whole and the trainer's scope set apart; the report's rollout rows
+    give the denoising loop alone beside ``sample`` less decode."""
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_sd35m.py"),
+        "--tiny",
+        "--device",
+        "cpu",
+        "--compile-backend",
+        "aot_eager",
+        "--repeats",
+        "1",
+        "--compile-scope",
+        "whole",
+        "--train-compile-scope",
+        "blocks",
+        "--stages",
+        "compile_rollout,fp8_static_fast",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["stage"]: r for r in map(json.loads, (tmp_path / "gpu_sd35m.jsonl").open())}
+    assert not [k for k in rows if k.endswith(("_error", "_skipped"))], rows
+    fp8 = rows["omnirl_rollout_fp8_static_fast"]
+    assert fp8["parity_mean"] is None and fp8["calibration_s"] > 0
+    for stage in ("omnirl_rollout_compiled", "omnirl_rollout_fp8_static_fast"):
+        row = rows[stage]
+        assert 0 < row["phase_denoise_s_per_image"] < row["phase_total_s_per_image"]
+        assert row["denoise_s_per_image"] > 0
+    md = (tmp_path / "gpu_sd35m.md").read_text()
+    loop = rows["omnirl_rollout_fp8_static_fast"]["phase_denoise_s_per_image"]
+    assert f"| omnirl, float8, static scales, fast accumulation | {loop:.4g} |" in md
+    assert "omnirl_rollout_fp8_static_fast:" not in md  # no parity line without a trainer
