@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_tiny_run_reports_every_stage(tmp_path):
+def _run_tiny(out: Path, *options: str, timeout: float) -> dict[str, dict]:
+    """Run the benchmark on the toy model on the CPU; its JSONL rows by stage."""
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "gpu_sd35m.py"),
@@ -24,14 +25,17 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "aot_eager",
         "--repeats",
         "1",
-        "--budget-s",
-        "3000",
         "--out",
-        str(tmp_path),
+        str(out),
+        *options,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r["stage"]: r for r in map(json.loads, (tmp_path / "gpu_sd35m.jsonl").open())}
+    return {r["stage"]: r for r in map(json.loads, (out / "gpu_sd35m.jsonl").open())}
+
+
+def test_tiny_run_reports_every_stage(tmp_path):
+    rows = _run_tiny(tmp_path, "--budget-s", "3000", timeout=1800)
     errors = {k: v for k, v in rows.items() if k.endswith(("_error", "_skipped"))}
     assert not errors, errors
     for stage in (
@@ -96,28 +100,16 @@ def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):
     """A float8 stage after the compiled rollout alone (no trainer compiled: no parity), the
     rollout compiled whole and the trainer's scope set apart; the report's rollout rows
     give the denoising loop alone beside ``sample`` less decode."""
-    cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "gpu_sd35m.py"),
-        "--tiny",
-        "--device",
-        "cpu",
-        "--compile-backend",
-        "aot_eager",
-        "--repeats",
-        "1",
+    rows = _run_tiny(
+        tmp_path,
         "--compile-scope",
         "whole",
         "--train-compile-scope",
         "blocks",
         "--stages",
         "compile_rollout,fp8_static_fast",
-        "--out",
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r["stage"]: r for r in map(json.loads, (tmp_path / "gpu_sd35m.jsonl").open())}
+        timeout=600,
+    )
     assert not [k for k in rows if k.endswith(("_error", "_skipped"))], rows
     fp8 = rows["omnirl_rollout_fp8_static_fast"]
     assert fp8["parity_mean"] is None and fp8["calibration_s"] > 0
