@@ -17,6 +17,7 @@ from omnirl.models.float8 import (
     float8_calibration,
     needs_float8_calibration,
     quantize_rows,
+    request_float8_calibration,
 )
 from omnirl.models.sd3 import SD3RolloutAdapter
 from omnirl.models.weights import full_state, lora_state
@@ -283,3 +284,80 @@ def test_sd3_rollout_with_static_float8_calibrates_once_and_after_full_updates(
     assert fp8.enable_float8() == count
     assert all(m.activation == "rowwise" and not m.fast_accum for m in layers)
     assert not fp8.float8_needs_calibration()
+
+
+def test_recalibration_reports_how_far_the_inputs_grew(test_device, caplog):
+    linear, _, static = _static_pair(test_device)
+    module = nn.Sequential(static)
+    x = torch.randn(4, 128, device=test_device, dtype=torch.bfloat16)
+    assert request_float8_calibration(module) == 1 and needs_float8_calibration(module)
+    with float8_calibration(module, margin=2.0):
+        static(x)
+    first = float(static.input_scale)
+    assert static.calibrated_amax == pytest.approx(float(x.abs().amax()))
+    assert request_float8_calibration(module) == 1  # asked again: the next call calibrates
+    assert needs_float8_calibration(module)
+    with caplog.at_level("INFO", logger="omnirl.models.float8"), float8_calibration(module):
+        static(x * 4)  # the inputs grew 4x (exactly, in bf16), beyond the margin of 2
+    assert float(static.input_scale) == pytest.approx(4 * first)
+    assert "grew up to 4.00x" in caplog.text and "1 layers beyond the margin" in caplog.text
+    assert request_float8_calibration(nn.Sequential(Float8Linear(linear))) == 0  # row-wise
+
+
+def test_rollout_model_recalibrates_static_scales_every_n_lora_updates(tiny_sd3_path, test_device):
+    from omnirl.rollout.model import RolloutModel
+    from omnirl.rollout.weights_inbox import ReadyUpdate
+
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]}
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, lora=lora, max_sequence_length=16
+    )
+    adapter.enable_float8(activation="static")
+    model = RolloutModel(adapter, format="lora", float8_recalibrate_every=2)
+    _sample(adapter)  # calibrates
+    gen = torch.Generator().manual_seed(0)
+
+    def update(version):
+        tensors = {
+            k: torch.randn(v.shape, generator=gen) * 0.1
+            for k, v in lora_state(adapter.transformer).items()
+        }
+        return ReadyUpdate(version, "lora", tensors, dict(lora), "")
+
+    model.apply(update(1))
+    assert not adapter.float8_needs_calibration()
+    model.apply(update(2))  # the second LoRA update since the calibration
+    assert adapter.float8_needs_calibration()
+    _sample(adapter)
+    assert not adapter.float8_needs_calibration()
+    model.apply(update(3))
+    assert not adapter.float8_needs_calibration()  # the count starts again
+    with pytest.raises(ValueError, match="float8_recalibrate_every must be >= 0"):
+        RolloutModel(adapter, format="lora", float8_recalibrate_every=-1)
+
+
+def test_compiled_warm_up_leaves_the_static_scales_to_the_first_real_lease(tiny_sd3_path):
+    """The warm-up lease's stand-in prompt is not what the run samples: its calibration
+    compiles the static graph and is then dropped, so the first real lease calibrates."""
+    from omnirl.protocol.messages import Topology, Welcome
+    from omnirl.rollout.model import RolloutModel
+
+    adapter = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, max_sequence_length=16)
+    adapter.enable_float8(activation="static")
+    addr = "tcp://127.0.0.1:1"
+    welcome = Welcome(
+        worker_id="w",
+        run_id="r",
+        topology=Topology(control=addr, intake=addr, weights=addr),
+        policy_version=0,
+        model_path=str(tiny_sd3_path),
+        architecture="StableDiffusion3Pipeline",
+        config={"sampling": {"num_steps": STEPS, "height": 32, "width": 32}},
+    )
+    RolloutModel(adapter, format="full").compile_and_warm_up(welcome, backend="aot_eager")
+    assert adapter.backend == "compiled" and adapter.float8_needs_calibration()
+    layers = [m for m in adapter.transformer.modules() if isinstance(m, Float8Linear)]
+    warm_up = [m.calibrated_amax for m in layers]
+    _sample(adapter)  # the first real lease: calibrates on its prompts
+    assert not adapter.float8_needs_calibration()
+    assert [m.calibrated_amax for m in layers] != warm_up

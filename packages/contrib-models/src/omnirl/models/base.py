@@ -127,6 +127,11 @@ class DiffusionRolloutAdapter(abc.ABC):
         eagerly, whatever the backend)."""
         return False
 
+    def recalibrate_float8(self) -> int:
+        """Have the next :meth:`sample` calibrate the static float8 scales again; returns how
+        many layers will (0: a model without static float8 layers)."""
+        return 0
+
 
 class SampleEncoder(abc.ABC):
     """Turns prompts and finished images into what a trajectory group carries.

@@ -163,6 +163,7 @@ class Float8Linear(nn.Linear):
         self.fast_accum = False
         self.calibrating = False
         self.calibrated = False
+        self.calibrated_amax: float | None = None  # the largest input of the last calibration
         self.configure(activation=activation, fast_accum=fast_accum)
         self.refresh()
 
@@ -221,12 +222,16 @@ class Float8Linear(nn.Linear):
             self.calibrated = False
 
     @torch.no_grad()
-    def finish_calibration(self, margin: float) -> None:
-        """Fix ``input_scale`` from the amax gathered since :meth:`start_calibration`."""
-        amax = self.input_amax.clamp(min=_MIN_AMAX) * margin
-        self.input_scale.copy_((amax / FLOAT8_MAX).view(1, 1))
+    def finish_calibration(self, margin: float) -> float | None:
+        """Fix ``input_scale`` from the amax gathered since :meth:`start_calibration`.
+        Returns how much that amax grew since the layer's previous calibration (``None`` at
+        its first): a growth beyond the margin means the old scale had been saturating."""
+        amax = self.input_amax.clamp(min=_MIN_AMAX)
+        self.input_scale.copy_((amax * margin / FLOAT8_MAX).view(1, 1))
         self.calibrating = False
         self.calibrated = True
+        previous, self.calibrated_amax = self.calibrated_amax, float(amax)
+        return None if previous is None else self.calibrated_amax / previous
 
     def start_calibration(self) -> None:
         self.input_amax.zero_()
@@ -367,6 +372,16 @@ def configure_float8(module: nn.Module, *, activation: str, fast_accum: bool = F
     return len(layers)
 
 
+def request_float8_calibration(module: nn.Module) -> int:
+    """Have every calibrated static float8 layer of ``module`` calibrate again on its next
+    rollout call (a rollout worker asks every so many LoRA updates: the adapter moves the
+    activations slowly, and the margin covers only so much); returns how many."""
+    layers = [layer for layer in float8_layers(module) if layer.activation == "static"]
+    for layer in layers:
+        layer.calibrated = False
+    return len(layers)
+
+
 def needs_float8_calibration(module: nn.Module) -> bool:
     """Whether a static float8 layer in ``module`` has no calibrated scale yet."""
     return any(layer.needs_calibration for layer in float8_layers(module))
@@ -396,17 +411,32 @@ def float8_calibration(module: nn.Module, *, margin: float = DEFAULT_MARGIN):
         for layer in layers:
             layer.calibrating = False
         raise
-    unreached = 0
+    unreached, growth = 0, []
     for layer in layers:
         if float(layer.input_amax) > 0:
-            layer.finish_calibration(margin)
+            grew = layer.finish_calibration(margin)
+            if grew is not None:
+                growth.append(grew)
         else:
             layer.calibrating = False
             layer.configure(activation="rowwise", fast_accum=layer.fast_accum)
             unreached += 1
     log.info(
-        "float8: %d layers calibrated (margin %g)%s",
+        "float8: %d layers calibrated (margin %g)%s%s",
         len(layers) - unreached,
         margin,
         f"; {unreached} not reached, left row-wise" if unreached else "",
+        _growth_summary(growth, margin),
+    )
+
+
+def _growth_summary(growth: list[float], margin: float) -> str:
+    """How far the inputs moved since the layers' previous calibration."""
+    if not growth:
+        return ""
+    beyond = sum(g > margin for g in growth)
+    return (
+        f"; since the last calibration the largest input grew up to {max(growth):.2f}x "
+        f"(median {sorted(growth)[len(growth) // 2]:.2f}x)"
+        + (f", {beyond} layers beyond the margin: they had been saturating" if beyond else "")
     )

@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --float8: the matmuls' fast accumulation mode (Hopper)",
     )
     parser.add_argument(
+        "--float8-recalibrate-every",
+        type=int,
+        default=100,
+        metavar="N",
+        help="with --float8 static: calibrate the scales again after every N LoRA updates "
+        "(one eager lease; the log says how far the inputs grew; 0: never)",
+    )
+    parser.add_argument(
         "--lora-mode",
         default="auto",
         choices=["auto", "merged", "adapter"],
@@ -110,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.capacity < 1:
         print("rollout: --capacity must be >= 1", file=sys.stderr)
         return 2
+    if args.float8_recalibrate_every < 0:
+        print("rollout: --float8-recalibrate-every must be >= 0", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 
@@ -128,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             compile_cache=args.compile_cache,
             float8=args.float8,
             float8_fast_accum=args.float8_fast_accum,
+            float8_recalibrate_every=args.float8_recalibrate_every,
             lora_mode=args.lora_mode,
             worker_id=args.worker_id,
             capacity=args.capacity,

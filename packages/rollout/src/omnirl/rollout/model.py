@@ -108,12 +108,23 @@ def warmup_lease(welcome: Welcome, *, capacity: int = 1) -> tuple[list[PromptSpe
 
 
 class RolloutModel:
-    """Holds the adapter and the version it holds."""
+    """Holds the adapter and the version it holds.
 
-    def __init__(self, adapter: Any, *, format: str) -> None:
+    ``float8_recalibrate_every``: after this many LoRA updates the static float8 scales are
+    calibrated again on the next lease (one eager lease; 0: never). A full-weight update
+    always recalibrates (the adapter's own rule).
+    """
+
+    def __init__(self, adapter: Any, *, format: str, float8_recalibrate_every: int = 0) -> None:
+        if float8_recalibrate_every < 0:
+            raise ValueError(
+                f"float8_recalibrate_every must be >= 0, got {float8_recalibrate_every}"
+            )
         self.adapter = adapter
         self.format = format
         self.version = -1
+        self.float8_recalibrate_every = float8_recalibrate_every
+        self._lora_updates_since_calibration = 0
 
     @classmethod
     def build(
@@ -129,6 +140,7 @@ class RolloutModel:
         compile_cache: str | None = None,
         float8: str | None = None,
         float8_fast_accum: bool = False,
+        float8_recalibrate_every: int = 0,
         lora_mode: str = "auto",
         capacity: int = 1,
     ) -> RolloutModel:
@@ -141,7 +153,7 @@ class RolloutModel:
         before compiling and written after the warm-up when absent. ``float8``: the
         denoiser's block linear layers in float8 with ``"rowwise"`` or ``"static"`` activation
         scales, ``float8_fast_accum`` their accumulation mode (the adapter's
-        ``enable_float8``).
+        ``enable_float8``), ``float8_recalibrate_every`` see the class.
         ``lora_mode``: see :func:`resolve_lora_mode`.
         """
         from omnirl.models.device import resolve_dtype
@@ -161,7 +173,7 @@ class RolloutModel:
             dtype,
             first.format,
         )
-        model = cls(adapter, format=first.format)
+        model = cls(adapter, format=first.format, float8_recalibrate_every=float8_recalibrate_every)
         can_merge = bool(getattr(adapter_cls, "supports_lora_merge", False))
         mode = resolve_lora_mode(
             lora_mode, lora, torch_dtype, float8=bool(float8), can_merge=can_merge
@@ -195,9 +207,13 @@ class RolloutModel:
         scope: str = "blocks",
         cache: str | None = None,
         capacity: int = 1,
+        backend: str = "inductor",
     ) -> float:
         """Compile the adapter and sample one throw-away lease of the run's shapes; returns
-        the seconds it took (compilation included)."""
+        the seconds it took (compilation included). Static float8 scales calibrated on that
+        lease's stand-in prompt are dropped again: the first real lease calibrates them
+        (a stand-in prompt's inputs can be half a real prompt's, and real ones would
+        saturate). ``backend``: torch.compile's (``"aot_eager"`` traces without inductor)."""
         from omnirl.models.compile import CompileConfig, regional_scope
         from omnirl.models.compile_cache import load_artifacts, save_artifacts
 
@@ -206,15 +222,20 @@ class RolloutModel:
             load_artifacts(artifacts)
         start = time.perf_counter()
         self.adapter.compile(
-            CompileConfig(mode=mode, cache_dir=cache, regional=regional_scope(scope))
+            CompileConfig(
+                mode=mode, backend=backend, cache_dir=cache, regional=regional_scope(scope)
+            )
         )
         prompts, sampling = warmup_lease(welcome, capacity=capacity)
         # a first call that calibrates float8 scales runs eagerly: the second one compiles
-        calls = 2 if self.adapter.float8_needs_calibration() else 1
-        for _ in range(calls):
+        calibrates = self.adapter.float8_needs_calibration()
+        for _ in range(2 if calibrates else 1):
             self.adapter.sample(
                 prompts, sampling, lease_id="warmup", worker_id="warmup", policy_version=-1
             )
+        if calibrates:
+            self.adapter.recalibrate_float8()
+            log.info("float8: the first lease calibrates the static scales on its prompts")
         took = time.perf_counter() - start
         log.info("compiled backend warmed up in %.1f s", took)
         if artifacts is not None and not artifacts.exists():
@@ -227,6 +248,16 @@ class RolloutModel:
             raise ValueError(f"weights of format {update.format!r} for a {self.format!r} model")
         self.adapter.load_weights(update.format, update.tensors)
         self.version = update.version
+        if update.format == "lora" and self.float8_recalibrate_every:
+            self._lora_updates_since_calibration += 1
+            if self._lora_updates_since_calibration >= self.float8_recalibrate_every:
+                self._lora_updates_since_calibration = 0
+                if self.adapter.recalibrate_float8():
+                    log.info(
+                        "float8: recalibrating the static scales on the next lease (%d LoRA "
+                        "updates since the last calibration)",
+                        self.float8_recalibrate_every,
+                    )
         return update.version
 
     def sample(self, lease: Lease, worker_id: str, version: int) -> list:

@@ -70,6 +70,7 @@ class RolloutWorkerConfig:
         None  # block linears in float8: "rowwise" | "static" (omnirl.models.float8)
     )
     float8_fast_accum: bool = False  # their matmuls' fast accumulation mode
+    float8_recalibrate_every: int = 100  # static scales: again every N LoRA updates (0: never)
     lora_mode: str = "auto"  # "merged" | "adapter" | "auto" (merged in float32)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
@@ -224,6 +225,7 @@ class RolloutWorker:
                     compile_cache=cfg.compile_cache,
                     float8=cfg.float8,
                     float8_fast_accum=cfg.float8_fast_accum,
+                    float8_recalibrate_every=cfg.float8_recalibrate_every,
                     lora_mode=cfg.lora_mode,
                     capacity=cfg.capacity,
                 ),

@@ -34,6 +34,7 @@ from omnirl.models.float8 import (
     float8_calibration,
     needs_float8_calibration,
     refresh_float8,
+    request_float8_calibration,
 )
 from omnirl.models.host_steps import HostSteps
 from omnirl.models.lora_merge import MergedLora
@@ -151,6 +152,9 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
 
     def float8_needs_calibration(self) -> bool:
         return self.float8 and needs_float8_calibration(self.transformer)
+
+    def recalibrate_float8(self) -> int:
+        return request_float8_calibration(self.transformer) if self.float8 else 0
 
     @classmethod
     def from_pretrained(
