@@ -198,6 +198,8 @@ def launch(args, config: Path, out: Path) -> int:
         rollout += ["--float8", args.float8]
         if args.float8_fast_accum:
             rollout += ["--float8-fast-accum"]
+        if args.float8_recalibrate_every is not None:
+            rollout += ["--float8-recalibrate-every", str(args.float8_recalibrate_every)]
     cmd = [
         sys.executable,
         "-c",
@@ -217,6 +219,7 @@ def launch(args, config: Path, out: Path) -> int:
 _LEASE = re.compile(r"lease \S+ done at version \d+ in ([0-9.]+) s")
 _BUILT = re.compile(r"built \S+ for \S+ on (\S+) \(")
 _APPLIED = re.compile(r"applied weights version=(\d+) format=(\w+) .* in ([0-9.]+) s")
+_GREW = re.compile(r"largest input grew up to ([0-9.]+)x")
 
 
 def summarize(args, out: Path, started: float) -> dict:
@@ -265,6 +268,11 @@ def summarize(args, out: Path, started: float) -> dict:
             summary["leases"] = len(leases)
         if len(applied) > 1:
             summary["apply_s_median"] = round(statistics.median(s for _, _, s in applied[1:]), 4)
+        if args.float8 == "static":
+            summary["float8_calibrations"] = text.count("layers calibrated")
+            grew = [float(x) for x in _GREW.findall(text)]
+            if grew:
+                summary["float8_input_growth_max"] = max(grew)
     summary["wall_s"] = round(time.time() - started, 1)
     return summary
 
@@ -297,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         "per layer (static, calibrated on the first call)",
     )
     p.add_argument("--float8-fast-accum", action="store_true")
+    p.add_argument(
+        "--float8-recalibrate-every",
+        type=int,
+        default=None,
+        help="the worker's --float8-recalibrate-every (default: the worker's)",
+    )
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     args = p.parse_args(argv)
     args.preset = "tiny" if args.tiny else "sd35m"
