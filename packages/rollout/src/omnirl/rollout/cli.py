@@ -14,6 +14,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from omnirl.protocol.auth import add_security_arguments
+    from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY
 
     parser = argparse.ArgumentParser(
         prog="rollout", description="omnirl rollout worker: sample leased prompt groups"
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--float8-recalibrate-every",
         type=int,
-        default=100,
+        default=DEFAULT_FLOAT8_RECALIBRATE_EVERY,
         metavar="N",
         help="with --float8 static: calibrate the scales again after every N LoRA updates "
         "(one eager lease; the log says how far the inputs grew; 0: never)",

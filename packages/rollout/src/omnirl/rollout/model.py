@@ -53,6 +53,9 @@ def lora_kwargs(welcome: Welcome, update: ReadyUpdate) -> dict[str, Any] | None:
 
 
 LORA_MODES = ("auto", "merged", "adapter")
+# LoRA updates a static float8 worker takes between two calibrations (measured drift:
+# docs/benchmarks.md, "Static float8 scales as the LoRA trains")
+DEFAULT_FLOAT8_RECALIBRATE_EVERY = 100
 
 
 def resolve_lora_mode(
@@ -115,7 +118,13 @@ class RolloutModel:
     always recalibrates (the adapter's own rule).
     """
 
-    def __init__(self, adapter: Any, *, format: str, float8_recalibrate_every: int = 0) -> None:
+    def __init__(
+        self,
+        adapter: Any,
+        *,
+        format: str,
+        float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY,
+    ) -> None:
         if float8_recalibrate_every < 0:
             raise ValueError(
                 f"float8_recalibrate_every must be >= 0, got {float8_recalibrate_every}"
@@ -140,7 +149,7 @@ class RolloutModel:
         compile_cache: str | None = None,
         float8: str | None = None,
         float8_fast_accum: bool = False,
-        float8_recalibrate_every: int = 0,
+        float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY,
         lora_mode: str = "auto",
         capacity: int = 1,
     ) -> RolloutModel:

@@ -47,7 +47,7 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, send_message
-from omnirl.rollout.model import RolloutModel
+from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY, RolloutModel
 from omnirl.rollout.reward_push import RewardPush
 from omnirl.rollout.sampler import JobResult, SamplerThread
 from omnirl.rollout.weights_inbox import WeightInbox
@@ -70,7 +70,8 @@ class RolloutWorkerConfig:
         None  # block linears in float8: "rowwise" | "static" (omnirl.models.float8)
     )
     float8_fast_accum: bool = False  # their matmuls' fast accumulation mode
-    float8_recalibrate_every: int = 100  # static scales: again every N LoRA updates (0: never)
+    # static float8 scales: calibrated again every N LoRA updates (0: never)
+    float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY
     lora_mode: str = "auto"  # "merged" | "adapter" | "auto" (merged in float32)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
