@@ -336,13 +336,17 @@ def test_rollout_model_recalibrates_static_scales_every_n_lora_updates(tiny_sd3_
         RolloutModel(adapter, format="lora", float8_recalibrate_every=-1)
 
 
-def test_compiled_warm_up_leaves_the_static_scales_to_the_first_real_lease(tiny_sd3_path):
+def test_compiled_warm_up_leaves_the_static_scales_to_the_first_real_lease(
+    tiny_sd3_path, test_device
+):
     """The warm-up lease's stand-in prompt is not what the run samples: its calibration
     compiles the static graph and is then dropped, so the first real lease calibrates."""
     from omnirl.protocol.messages import Topology, Welcome
     from omnirl.rollout.model import RolloutModel
 
-    adapter = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, max_sequence_length=16)
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
     adapter.enable_float8(activation="static")
     addr = "tcp://127.0.0.1:1"
     welcome = Welcome(
