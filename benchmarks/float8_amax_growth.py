@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from omnirl.models.compile import repeated_blocks
-from omnirl.models.float8 import _convertible
+from omnirl.models.float8 import convertible_linears
 from omnirl.protocol.messages import PromptSpec, SamplingParams
 from omnirl.tools.eval_shapes import load_adapter, load_prompt_file
 
@@ -35,9 +35,7 @@ def input_amax(adapter, texts: list[str], *, group: int, seed: int) -> dict[str,
     amax: dict[str, float] = {}
     hooks = []
     for index, block in enumerate(repeated_blocks(adapter.transformer)):
-        for name, module in block.named_modules():
-            if not name or not _convertible(name, module):
-                continue
+        for name, module in convertible_linears(block):
             key = f"{index}.{name}".replace(".base_layer", "")
 
             def record(_module, args, key=key):

@@ -32,6 +32,27 @@ def tiny_sd3_path(tmp_path_factory):
     return make_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "model", seed=0)
 
 
+@pytest.fixture(scope="session")
+def make_welcome():
+    """A factory of the trainer's ``Welcome`` to a rollout worker (no trainer behind its
+    addresses): ``make_welcome(model_path, architecture, config=None)``."""
+    from omnirl.protocol.messages import Topology, Welcome
+
+    def make(path, architecture: str, config: dict | None = None) -> Welcome:
+        addr = "tcp://127.0.0.1:1"
+        return Welcome(
+            worker_id="w",
+            run_id="r",
+            topology=Topology(control=addr, intake=addr, weights=addr),
+            policy_version=0,
+            model_path=str(path),
+            architecture=architecture,
+            config=config or {},
+        )
+
+    return make
+
+
 @pytest.fixture
 def torch_one_thread():
     """Run a test with one torch thread (restored after).

@@ -337,26 +337,20 @@ def test_rollout_model_recalibrates_static_scales_every_n_lora_updates(tiny_sd3_
 
 
 def test_compiled_warm_up_leaves_the_static_scales_to_the_first_real_lease(
-    tiny_sd3_path, test_device
+    tiny_sd3_path, test_device, make_welcome
 ):
     """The warm-up lease's stand-in prompt is not what the run samples: its calibration
     compiles the static graph and is then dropped, so the first real lease calibrates."""
-    from omnirl.protocol.messages import Topology, Welcome
     from omnirl.rollout.model import RolloutModel
 
     adapter = SD3RolloutAdapter.from_pretrained(
         tiny_sd3_path, device=test_device, max_sequence_length=16
     )
     adapter.enable_float8(activation="static")
-    addr = "tcp://127.0.0.1:1"
-    welcome = Welcome(
-        worker_id="w",
-        run_id="r",
-        topology=Topology(control=addr, intake=addr, weights=addr),
-        policy_version=0,
-        model_path=str(tiny_sd3_path),
-        architecture="StableDiffusion3Pipeline",
-        config={"sampling": {"num_steps": STEPS, "height": 32, "width": 32}},
+    welcome = make_welcome(
+        tiny_sd3_path,
+        "StableDiffusion3Pipeline",
+        {"sampling": {"num_steps": STEPS, "height": 32, "width": 32}},
     )
     RolloutModel(adapter, format="full").compile_and_warm_up(welcome, backend="aot_eager")
     assert adapter.backend == "compiled" and adapter.float8_needs_calibration()

@@ -118,20 +118,6 @@ def test_rollout_cli_offers_exactly_the_modes():
     assert tuple(action.choices) == LORA_MODES and action.default == "auto"
 
 
-def _welcome(path, architecture):
-    from omnirl.protocol.messages import Topology, Welcome
-
-    addr = "tcp://127.0.0.1:1"
-    return Welcome(
-        worker_id="w",
-        run_id="r",
-        topology=Topology(control=addr, intake=addr, weights=addr),
-        policy_version=0,
-        model_path=str(path),
-        architecture=architecture,
-    )
-
-
 def _first_update(adapter_config):
     from omnirl.rollout.weights_inbox import ReadyUpdate
 
@@ -140,12 +126,12 @@ def _first_update(adapter_config):
     )
 
 
-def test_worker_model_merges_by_capability(tiny_sd3_path):
+def test_worker_model_merges_by_capability(tiny_sd3_path, make_welcome):
     from omnirl.models.registry import register_rollout_adapter
     from omnirl.rollout.model import RolloutModel
 
     first = _first_update(dict(LORA))
-    sd3 = _welcome(tiny_sd3_path, "StableDiffusion3Pipeline")
+    sd3 = make_welcome(tiny_sd3_path, "StableDiffusion3Pipeline")
     built = RolloutModel.build(sd3, first, device="cpu", dtype="float32")
     assert built.adapter.merged_lora is not None  # auto, float32: merged
     built = RolloutModel.build(sd3, first, device="cpu", dtype="float32", lora_mode="adapter")
@@ -157,7 +143,7 @@ def test_worker_model_merges_by_capability(tiny_sd3_path):
         def from_pretrained(cls, path, *, device, dtype, lora):
             return cls()
 
-    other = _welcome(tiny_sd3_path, "NoMergeTestPipeline")
+    other = make_welcome(tiny_sd3_path, "NoMergeTestPipeline")
     assert isinstance(
         RolloutModel.build(other, first, device="cpu", dtype="float32").adapter, NoMerge
     )

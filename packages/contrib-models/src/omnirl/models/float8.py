@@ -295,6 +295,16 @@ def _convertible(name: str, module: nn.Module) -> bool:
     )
 
 
+def convertible_linears(block: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The ``(name, layer)`` pairs of ``block`` that :func:`convert_to_float8` converts (PEFT's
+    wrapped layers by their ``base_layer``)."""
+    return [
+        (name, module)
+        for name, module in block.named_modules()
+        if name and _convertible(name, module)
+    ]
+
+
 def _check_cpu_emulation() -> None:
     # torch's CPU backend took row-wise scales only in later releases (2.11 refuses them)
     q = torch.zeros(16, 16, dtype=FLOAT8)
@@ -338,9 +348,7 @@ def convert_to_float8(
     """
     count = 0
     for block in blocks:
-        for name, module in list(block.named_modules()):
-            if not name or not _convertible(name, module):
-                continue
+        for name, module in convertible_linears(block):
             parent_name, _, child = name.rpartition(".")
             parent = block.get_submodule(parent_name) if parent_name else block
             setattr(
