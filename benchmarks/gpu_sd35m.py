@@ -75,6 +75,9 @@ STAGES: dict[str, tuple[float, str | None]] = {
     # last: the trainer stays in float8 after them
     "train_fp8": (90, "train_kl"),
     "train_fp8_fast": (60, "train_kl"),
+    "train_fp8_ref": (60, "train_kl"),
+    "train_fp8_static": (90, "train_kl"),
+    "train_fp8_static_f8grad": (90, "train_kl"),
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from gpu_sd35m_profile import profile_kernels
 from gpu_sd35m_setup import phases_per_image
 
+from omnirl.models.float8 import Float8Training
+
 # float8 stages: (activation scaling, fast accumulation) of ``rollout --float8``
 FP8_VARIANTS: dict[str, tuple[str, bool]] = {
     "fp8": ("rowwise", False),
@@ -18,8 +20,18 @@ FP8_VARIANTS: dict[str, tuple[str, bool]] = {
     "fp8_static_fast": ("static", True),
 }
 
-# the trainer's float8 variants (``train.float8``, ``train.float8_fast_accum``): fast accumulation
-TRAIN_FP8_VARIANTS: dict[str, bool] = {"train_fp8": False, "train_fp8_fast": True}
+# the trainer's float8 variants (``train.float8`` and its ``float8_*`` keys)
+TRAIN_FP8_VARIANTS: dict[str, Float8Training] = {
+    "train_fp8": Float8Training(),
+    "train_fp8_fast": Float8Training(fast_accum=True),
+    # static activation scales, the input gradient in bf16: no reduction before any matmul
+    "train_fp8_static": Float8Training(
+        activation="static", input_grad="model_dtype", fast_accum=True
+    ),
+    "train_fp8_static_f8grad": Float8Training(activation="static", fast_accum=True),
+    # the KL reference pass alone in float8: the policy's log-probs and gradients stay bf16
+    "train_fp8_ref": Float8Training(activation="static", scope="reference", fast_accum=True),
+}
 
 
 class Float8Stages:
@@ -83,25 +95,33 @@ class Float8Stages:
             )
 
     def train_fp8_variant(self, name: str) -> None:
-        """The trainer's frozen block linear layers in float8, forward and input gradient
-        (``train.float8``): the compiled training step with the KL pass, its parity against
+        """The trainer's frozen block linear layers in float8 as the variant says
+        (``train.float8_*``): the compiled training step with the KL pass, its parity against
         the rollout (whatever the rollout runs at this point: bf16, or float8 after an
         ``fp8*`` stage), and the same-work iteration. Rows ``omnirl_<name>`` and
-        ``omnirl_iteration_same_work_<name>``. The trainer stays in float8 for later stages."""
-        fast = TRAIN_FP8_VARIANTS[name]
-        layers = self.train.enable_float8(fast_accum=fast)
+        ``omnirl_iteration_same_work_<name>``; ``compile_s`` includes a static variant's
+        calibration pass. The trainer stays in float8 for later stages."""
+        options = TRAIN_FP8_VARIANTS[name]
+        layers = self.train.enable_float8(options)
         step = self.train_step(self.setup.kl_beta)
         groups, _ = self.sample()  # on-policy: the first step's parity is precision alone
-        m, first = self.timed_step(step, groups)  # the blocks recompile around the layers
+        m, first = self.timed_step(step, groups)  # recompiles (and calibrates) first
         _, t = self.timed_step(step, groups)
         rollout = "float8" if self.rollout.float8 else "bf16"
-        what = f"{rollout} compiled rollout vs float8{' fast-accumulation' if fast else ''} trainer"
+        what = (
+            f"{rollout} compiled rollout vs trainer float8 {options.activation}, input gradient "
+            f"{options.input_grad}, scope {options.scope}"
+            f"{', fast accumulation' if options.fast_accum else ''}"
+        )
         self.report.add(
             f"omnirl_{name}",
             s_per_sample_step=self.per_sample_step(groups, t),
             compile_s=first - t,
             layers=layers,
-            fast_accum=fast,
+            fast_accum=options.fast_accum,
+            activation=options.activation,
+            input_grad=options.input_grad,
+            scope=options.scope,
             parity_mean=m["behav_prox_logp_absdiff_mean"],
             parity_max=m["behav_prox_logp_absdiff_max"],
             parity_of=what,

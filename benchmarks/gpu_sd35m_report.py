@@ -25,6 +25,18 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _float8_trainer(row: dict[str, Any]) -> str:
+    """A float8 trainer stage's settings in words (rows from before the settings were
+    recorded: row-wise, float8 input gradient, every pass)."""
+    accum = ", fast accumulation" if row.get("fast_accum") else ""
+    if row.get("scope") == "reference":  # the policy runs in the model dtype
+        return f"float8 reference pass ({row.get('activation')}{accum})"
+    return (
+        f"float8 trainer ({row.get('activation', 'rowwise')}, input gradient "
+        f"{row.get('input_grad', 'float8')}{accum})"
+    )
+
+
 class Report:
     def __init__(self, out: Path | None, *, command: str = ""):
         self.out = Path(out) if out is not None else None
@@ -71,6 +83,10 @@ class Report:
     def val(self, stage: str, key: str) -> float | None:
         row = self.get(stage)
         return None if row is None else row.get(key)
+
+    def _float8_trainers(self) -> list[dict[str, Any]]:
+        """The rows of the trainer's float8 stages (``omnirl_train_fp8*``), in run order."""
+        return [r for r in self.rows if r["stage"].startswith("omnirl_train_fp8")]
 
     # --------------------------------------------------------------------------- markdown
     def _flops(self) -> dict[str, float] | None:
@@ -155,6 +171,15 @@ class Report:
                 0,
             ),
         ]
+        train_rows += [
+            (
+                f"omnirl, compiled, with KL, {_float8_trainer(row)}",
+                row["stage"],
+                "s_per_sample_step",
+                1,
+            )
+            for row in self._float8_trainers()
+        ]
         for label, stage, key, kl in train_rows:
             s = self.val(stage, key)
             flops = (f["train"] + kl * f["fwd"]) if f else None
@@ -190,6 +215,17 @@ class Report:
                 None,
                 1,
             ),
+        ]
+        iter_rows += [
+            (
+                f"omnirl, same work, {_float8_trainer(row)}",
+                row["stage"].replace("omnirl_", "omnirl_iteration_same_work_", 1),
+                None,
+                1,
+            )
+            for row in self._float8_trainers()
+        ]
+        iter_rows += [
             ("omnirl, kl_beta 0 (no reference pass)", "omnirl_iteration_kl0", None, 0),
             ("omnirl, kl_beta 0, SDE window of 2", "omnirl_iteration_window2", None, 0),
         ]
@@ -221,6 +257,7 @@ class Report:
             "omnirl_rollout_fp8_static",
             "omnirl_rollout_fp8_static_fast",
             "omnirl_iteration_same_work_fp8_static_fast",
+            *(row["stage"] for row in self._float8_trainers()),
         ):
             row = self.get(stage)
             if row and row.get("parity_mean") is not None:

@@ -65,6 +65,10 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "omnirl_train_fp8",
         "omnirl_iteration_same_work_train_fp8",
         "omnirl_train_fp8_fast",
+        "omnirl_train_fp8_ref",
+        "omnirl_train_fp8_static",
+        "omnirl_iteration_same_work_train_fp8_static",
+        "omnirl_train_fp8_static_f8grad",
     ):
         assert stage in rows, stage
     for name in ("profile_rollout", "profile_train_kl"):  # CPU: aten operators' time by kind
@@ -90,10 +94,21 @@ def test_tiny_run_reports_every_stage(tmp_path):
     # the float8 trainer (fast accumulation is a GPU mode), closer than the float32 trainer
     assert rows["omnirl_train_fp8"]["parity_max"] < rows["omnirl_rollout_fp8_fast"]["parity_max"]
     assert rows["omnirl_train_fp8"]["parity_of"].startswith("float8 compiled rollout")
+    static = rows["omnirl_train_fp8_static"]
+    assert (static["activation"], static["input_grad"], static["scope"]) == (
+        "static",
+        "model_dtype",
+        "all",
+    )
+    assert 0 < static["parity_max"] < 0.1 and static["compile_s"] > 0  # calibrated, then timed
+    assert rows["omnirl_train_fp8_ref"]["scope"] == "reference"
     assert rows["baseline"]["iteration_s_per_image"] > 0
     assert rows["warm_start"]["process_to_first_group_s"] > 0
     md = (tmp_path / "gpu_sd35m.md").read_text()
     assert "| omnirl, kl_beta 0 (no reference pass) | 3 |" in md
+    trainer = "float8 trainer (static, input gradient model_dtype, fast accumulation)"
+    assert f"| omnirl, compiled, with KL, {trainer} |" in md
+    assert f"| omnirl, same work, {trainer} | 3 |" in md
 
 
 def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):

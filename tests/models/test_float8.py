@@ -14,9 +14,11 @@ from omnirl.models.float8 import (
     Float8Linear,
     check_float8_device,
     convert_to_float8,
+    quantize_rows,
+)
+from omnirl.models.float8_static import (
     float8_calibration,
     needs_float8_calibration,
-    quantize_rows,
     request_float8_calibration,
 )
 from omnirl.models.sd3 import SD3RolloutAdapter

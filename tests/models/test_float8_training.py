@@ -1,20 +1,34 @@
-"""Float8 training of frozen linear layers (``train.float8``): the forward and the input
-gradient as float8 matmuls, no weight gradient, nothing of the input saved; an SD3 LoRA
-trainer with them stays close to the model-dtype trainer in log-probs and gradients, and
-compiles. Device-aware (``OMNIRL_TEST_DEVICE=cuda``)."""
+"""Float8 training of frozen linear layers (``train.float8``): the forward (row-wise or
+static scales) and the input gradient (float8 or the model dtype) as the layer says, no
+weight gradient, nothing of the input saved; an SD3 LoRA trainer with them stays close to
+the model-dtype trainer in log-probs and gradients, and compiles; a trainer whose float8
+covers only the reference pass computes the policy exactly as the model dtype does; a
+TrainStep calibrates static scales before any log-prob of the step and again every so many
+updates. Device-aware (``OMNIRL_TEST_DEVICE=cuda``)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 from torch import nn
 
 from omnirl.models.compile import CompileConfig
-from omnirl.models.float8 import Float8Error, Float8Linear, float8_layers, quantize_rows
+from omnirl.models.float8 import (
+    Float8Error,
+    Float8Linear,
+    Float8Training,
+    float8_layers,
+    quantize_rows,
+    quantize_static,
+    scaled_matmul,
+)
+from omnirl.models.float8_static import float8_calibration
 from omnirl.models.sd3 import SD3RolloutAdapter, SD3TrainingAdapter
 from omnirl.models.transitions import collate_transitions
 from omnirl.models.weights import lora_state
-from omnirl.protocol.messages import PromptSpec, SamplingParams
+from omnirl.protocol.messages import PromptSpec, Rewards, SamplingParams
+from omnirl.trainer.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 LORA = {"r": 4, "lora_alpha": 8}
@@ -68,9 +82,54 @@ def test_training_through_a_layer_needs_enable_backward_and_a_frozen_weight(test
     trained.weight.requires_grad_(True)  # frozen by the conversion; unfrozen by hand
     with pytest.raises(Float8Error, match="trains only with a frozen weight"):
         trained.enable_backward()
-    static = Float8Linear(_frozen_layer(test_device), activation="static")
-    with pytest.raises(Float8Error, match="row-wise scales, not 'static'"):
-        static.enable_backward()
+    with pytest.raises(Float8Error, match="unknown float8 input gradient 'fp16'"):
+        layer.enable_backward("fp16")
+
+
+def test_static_forward_with_a_model_dtype_input_gradient(test_device):
+    linear = _frozen_layer(test_device)
+    layer = Float8Linear(linear, activation="static")
+    layer.enable_backward("model_dtype")
+    assert layer.trains and layer.weight_t_fp8 is None  # no second float8 copy
+    x = torch.randn(3, 40, 128, device=test_device, dtype=torch.bfloat16, requires_grad=True)
+    with torch.no_grad(), float8_calibration(layer):
+        layer(x)
+    assert not layer.needs_calibration
+    grad = torch.randn(3, 40, 64, device=test_device, dtype=torch.bfloat16)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = layer(x)
+    y.backward(grad)
+    # the forward quantises at the calibrated scale, the same numbers as the no-grad pass
+    q, scale = quantize_static(x.detach().reshape(-1, 128), layer.input_scale)
+    expected = scaled_matmul(q, layer.weight_fp8.t(), scale, layer.weight_scale, False)
+    expected = (expected + linear.bias).reshape(3, 40, 64)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    with torch.no_grad():
+        assert torch.equal(layer(x), y)
+    # the input gradient is the model dtype's dy @ W, exactly
+    assert torch.equal(x.grad, (grad.reshape(-1, 64) @ linear.weight).reshape(3, 40, 128))
+    assert [tuple(t.shape) for t in saved] == [(64, 128)]  # the bf16 weight, nothing of x
+
+
+def test_a_switched_off_layer_is_the_plain_linear(test_device):
+    linear = _frozen_layer(test_device)
+    layer = Float8Linear(linear)
+    layer.enable_backward()
+    x = torch.randn(5, 128, device=test_device, dtype=torch.bfloat16)
+    assert not torch.equal(layer(x), linear(x))
+    layer.active = False
+    assert torch.equal(layer(x), nn.functional.linear(x, linear.weight, linear.bias))
+    assert "off (model dtype)" in repr(layer)
+
+
+def test_float8_training_options_name_a_bad_value():
+    with pytest.raises(Float8Error, match="unknown float8 scope 'policy'"):
+        Float8Training(scope="policy")
+    with pytest.raises(Float8Error, match="unknown float8 activation scaling 'tensor'"):
+        Float8Training(activation="tensor")
+    with pytest.raises(Float8Error, match="margin must be >= 1"):
+        Float8Training(margin=0.5)
 
 
 def test_refresh_requantises_the_input_gradient_copy(test_device):
@@ -95,28 +154,41 @@ def groups(tiny_sd3_path, test_device):
     return rollout.sample(prompts, sampling, lease_id="l", worker_id="w", policy_version=0)
 
 
-def _trainer(path, device, *, float8: bool, compiled: bool = False):
+def _trainer(path, device, *, float8: Float8Training | None, compiled: bool = False):
     torch.manual_seed(0)
     train = SD3TrainingAdapter.from_pretrained(path, device=device, dtype=torch.bfloat16, lora=LORA)
     with torch.no_grad():
         for p in train.trainable_parameters():
             p.add_(0.01)  # a non-zero B, so that gradients reach every LoRA matrix
-    if float8:
-        assert train.enable_float8() > 0
+    if float8 is not None:
+        assert train.enable_float8(float8) > 0
     if compiled:
         train.compile(CompileConfig(backend="aot_eager"))
     return train
 
 
-def test_sd3_lora_trainer_in_float8_stays_close_and_compiles(tiny_sd3_path, test_device, groups):
+STATIC = Float8Training(activation="static", input_grad="model_dtype", fast_accum=True)
+
+
+@pytest.mark.parametrize("options", [Float8Training(), STATIC], ids=["rowwise", "static"])
+def test_sd3_lora_trainer_in_float8_stays_close_and_compiles(
+    tiny_sd3_path, test_device, groups, options
+):
     batch = collate_transitions(groups, 1)
     results = {}
     for name, kwargs in {
-        "bf16": {"float8": False},
-        "float8": {"float8": True},
-        "float8 compiled": {"float8": True, "compiled": True},
+        "bf16": {"float8": None},
+        "float8": {"float8": options},
+        "float8 compiled": {"float8": options, "compiled": True},
     }.items():
         train = _trainer(tiny_sd3_path, test_device, **kwargs)
+        assert train.float8_needs_calibration() == (kwargs["float8"] is STATIC)
+        if train.float8_needs_calibration():
+            with torch.no_grad(), train.float8_calibration():
+                train.transition(batch, sde_type="sde")
+                with train.reference():
+                    train.transition(batch, sde_type="sde")
+            assert not train.float8_needs_calibration()
         out = train.transition(batch, sde_type="sde")
         out.log_prob.sum().backward()
         grads = torch.cat([p.grad.flatten() for p in train.trainable_parameters()]).float().cpu()
@@ -143,6 +215,58 @@ def test_sd3_lora_trainer_in_float8_stays_close_and_compiles(tiny_sd3_path, test
         assert cos > 0.98, (name, cos)
     torch.testing.assert_close(results["float8 compiled"][0], results["float8"][0])
     torch.testing.assert_close(results["float8 compiled"][1], results["float8"][1])
+
+
+def test_float8_for_the_reference_pass_alone_leaves_the_policy_in_the_model_dtype(
+    tiny_sd3_path, test_device, groups
+):
+    batch = collate_transitions(groups, 1)
+    results = {}
+    for name, options in {"bf16": None, "reference": Float8Training(scope="reference")}.items():
+        train = _trainer(tiny_sd3_path, test_device, float8=options)
+        out = train.transition(batch, sde_type="sde")
+        out.log_prob.sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in train.trainable_parameters()])
+        with torch.no_grad(), train.reference():
+            ref = train.transition(batch, sde_type="sde").log_prob
+        results[name] = (out.log_prob.detach(), grads, ref)
+        if options is not None:  # off again after the reference pass
+            assert not any(layer.active for layer in float8_layers(train.transformer))
+    (logp, grads, ref), (logp8, grads8, ref8) = results["bf16"], results["reference"]
+    assert torch.equal(logp8, logp) and torch.equal(grads8, grads)
+    assert 0 < (ref8 - ref).abs().max() < 0.05  # the reference pass ran in float8
+
+
+def _rewarded(groups):
+    return [
+        msgspec.structs.replace(g, rewards=Rewards(group_id=g.group_id, total=[0.0, 1.0]))
+        for g in groups
+    ]
+
+
+def test_train_step_calibrates_static_scales_before_its_log_probs(
+    tiny_sd3_path, test_device, groups
+):
+    options = Float8Training(activation="static", input_grad="model_dtype", recalibrate_every=2)
+    train = _trainer(tiny_sd3_path, test_device, float8=options)
+    layers = float8_layers(train.transformer)
+    # lr scaled to 0: the policy never moves, so every ratio is 1 exactly if the proximal
+    # pass and the updates quantise alike, which they do only if the scales were fixed first
+    config = TrainStep.Config(kl_beta=0.01, num_minibatches=2, micro_batch_size=1)
+    step = TrainStep(train, "flow_grpo", config)
+    m = step.step(_rewarded(groups), policy_version=0, lr_scale=0.0)
+    assert m["optimizer_steps"] == 2 and m["ratio_std"] == 0.0 and m["approx_kl"] == 0.0
+    static = [layer for layer in layers if layer.activation == "static"]  # the reached ones
+    assert len(static) > len(layers) // 2
+    assert all(layer.calibrated_amax is not None for layer in static)
+    assert all(float(layer.input_scale) != 1.0 for layer in static)
+    # the second update asked for a new calibration (recalibrate_every=2), done by the next step
+    assert train.float8_needs_calibration()
+    scales = [layer.input_scale.clone() for layer in static]
+    for layer in static:
+        layer.input_scale.fill_(1.0)
+    step.step(_rewarded(groups), policy_version=0, lr_scale=0.0)
+    assert all(torch.equal(layer.input_scale, s) for layer, s in zip(static, scales, strict=True))
 
 
 def test_float8_training_is_refused_for_a_full_fine_tune(tiny_sd3_path, test_device):

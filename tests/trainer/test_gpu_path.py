@@ -156,6 +156,12 @@ def test_compile_scope_is_validated_and_listed_alike_by_trainer_and_rollout():
     assert load_config(None, [*base, "train.float8=true"]).train.float8 is True
     with pytest.raises(ConfigError, match=r"train\.float8.*needs model\.lora"):
         load_config(None, [*base, "train.float8=true", "model.lora=null"])
+    static = ["train.float8=true", "train.float8_activation=static", "train.float8_scope=reference"]
+    assert load_config(None, [*base, *static]).train.float8_scope == "reference"
+    with pytest.raises(
+        ConfigError, match=r"train\.float8_\*.*unknown float8 input gradient 'fp16'"
+    ):
+        load_config(None, [*base, "train.float8_input_grad=fp16"])
     parser = build_parser()
     action = next(a for a in parser._actions if a.dest == "compile_scope")
     assert tuple(action.choices) == COMPILE_SCOPES

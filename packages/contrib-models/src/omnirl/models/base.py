@@ -23,6 +23,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from omnirl.models.compile import CompileConfig
+    from omnirl.models.float8 import Float8Training
     from omnirl.models.schedulers import SDEStepOutput
     from omnirl.models.transitions import TransitionBatch
     from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
@@ -242,10 +243,29 @@ class DiffusionTrainingAdapter(abc.ABC):
         compiled. A family without it raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} cannot be compiled")
 
-    def enable_float8(self, *, fast_accum: bool = False) -> int:
-        """Run the denoiser's frozen block linear layers in float8, forward and input gradient
+    def enable_float8(self, options: Float8Training | None = None) -> int:
+        """Run the denoiser's frozen block linear layers in float8 as ``options`` say
         (:mod:`omnirl.models.float8`, "Training"); return how many were converted. A family
         without it raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no float8 training")
+
+    def float8_needs_calibration(self) -> bool:
+        """Whether static float8 scales must be calibrated (:meth:`float8_calibration`)
+        before the next pass that computes log-probs."""
+        return False
+
+    def recalibrate_float8(self) -> int:
+        """Have :meth:`float8_needs_calibration` ask again; returns how many layers will
+        calibrate (0: no static float8 layers)."""
+        return 0
+
+    def on_update(self, num_updates: int) -> None:
+        """Called after each optimiser update (``num_updates`` so far); by default nothing."""
+        return None
+
+    def float8_calibration(self) -> contextlib.AbstractContextManager[None]:
+        """A context whose passes calibrate the static float8 scales (no-grad passes of the
+        policy, and of :meth:`reference` when the loss has a KL term)."""
         raise NotImplementedError(f"{type(self).__name__} has no float8 training")
 
     @abc.abstractmethod

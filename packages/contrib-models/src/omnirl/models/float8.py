@@ -16,7 +16,7 @@ Scaling (what torch's row-wise ``_scaled_mm`` takes):
   must be known before the row is quantised: a reduction, and a second pass over the
   activation, before every matmul;
 - activations, ``"static"``: one scale per layer, calibrated once on a whole rollout call
-  (:func:`float8_calibration`: every timestep, the model's real inputs) as
+  (:func:`omnirl.models.float8_static.float8_calibration`: every timestep, the model's real inputs) as
   ``margin * amax / 448``. Quantising is then element-wise, fused by inductor into the
   kernel that produces the activation. A value beyond the calibrated range saturates at
   +-448 instead of overflowing; ``margin`` (default 2) is the headroom for activations that
@@ -28,12 +28,20 @@ float32 as often; what float8 inference usually runs with). Opt-in, like float8 
 
 **Training** (``Float8Linear.enable_backward``, the trainer's ``train.float8``): a LoRA
 trainer's base weights are frozen, so of a linear layer's three matmuls only two remain, the
-forward and the input gradient (``dx = dy @ W``), and both can run in float8: the forward as
-above (row-wise), the input gradient with ``dy`` quantised per row and a second float8 copy
-of the weight quantised per input channel (``weight_t_fp8``). No weight gradient is
-computed, so a layer whose weight requires one refuses to train (full fine-tuning stays in
-the model dtype); the LoRA branch beside it is untouched. The input activation is not saved
-for the backward (only a weight gradient would need it).
+forward and the input gradient (``dx = dy @ W``). The forward runs in float8 as above, with
+row-wise or static activation scales (a trainer calibrates static scales on a no-grad pass
+before the step that needs them, so every pass of a step quantises alike); the input
+gradient (``input_grad``) either in float8, ``dy`` quantised per row against a second
+float8 copy of the weight quantised per input channel (``weight_t_fp8``), or in the model
+dtype against ``weight`` itself (no reduction over ``dy``, no second copy). No weight
+gradient is computed, so a layer whose weight requires one refuses to train (full
+fine-tuning stays in the model dtype); the LoRA branch beside it is untouched. The input
+activation is not saved for the backward (only a weight gradient would need it).
+
+A layer can also be switched off (``active = False``): it then computes the plain
+``nn.Linear`` in the model dtype. A trainer whose float8 covers only the KL reference pass
+(``train.float8_scope: reference``) keeps its layers off except inside that pass, so the
+policy's log-probs and gradients are the model dtype's.
 
 Only the linear layers of the denoiser's repeated blocks are converted, and of those not the
 adaLN modulation (one row per sample: no speed to gain, and the whole block's scale and
@@ -45,23 +53,60 @@ branch stays bf16) work unchanged.
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import dataclasses
 
 import torch
 from torch import Tensor, nn
-
-log = logging.getLogger("omnirl.models.float8")
 
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448
 _MIN_AMAX = 1e-12  # an all-zero row gets scale 1e-12 / 448 instead of a division by zero
 ACTIVATION_SCALINGS = ("rowwise", "static")
+INPUT_GRADS = ("float8", "model_dtype")  # how a trained layer computes dx = dy @ W
 DEFAULT_MARGIN = 2.0
 
 
 class Float8Error(ValueError):
     """The model or device cannot run float8 linear layers."""
+
+
+FLOAT8_SCOPES = ("all", "reference")  # which of a trainer's passes run in float8
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Training:
+    """How a LoRA trainer runs its frozen block linear layers in float8 (the trainer's
+    ``train.float8_*`` keys; module docstring, "Training").
+
+    ``activation``: ``"rowwise"`` or ``"static"`` (calibrated before the first step that
+    needs it, and again every ``recalibrate_every`` updates; 0: only when asked);
+    ``input_grad``: ``"float8"`` or ``"model_dtype"``; ``scope``: ``"all"`` (every pass) or
+    ``"reference"`` (only the KL reference pass: the policy's log-probs and gradients stay
+    in the model dtype); ``fast_accum``: Hopper's fast accumulation; ``margin``: the static
+    scales' headroom over the calibrated range.
+    """
+
+    activation: str = "rowwise"
+    input_grad: str = "float8"
+    scope: str = "all"
+    fast_accum: bool = False
+    margin: float = DEFAULT_MARGIN
+    recalibrate_every: int = 100
+
+    def __post_init__(self) -> None:
+        for value, known, what in (
+            (self.activation, ACTIVATION_SCALINGS, "activation scaling"),
+            (self.input_grad, INPUT_GRADS, "input gradient"),
+            (self.scope, FLOAT8_SCOPES, "scope"),
+        ):
+            if value not in known:
+                raise Float8Error(f"unknown float8 {what} {value!r}; known: {known}")
+        if self.margin < 1:
+            raise Float8Error(f"float8 calibration margin must be >= 1, got {self.margin}")
+        if self.recalibrate_every < 0:
+            raise Float8Error(
+                f"float8 recalibrate_every must be >= 0, got {self.recalibrate_every}"
+            )
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -90,6 +135,14 @@ def scaled_matmul(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, fast: 
         )
 
 
+def quantize_static(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """e4m3 quantisation of ``x`` ``[M, K]`` at one calibrated ``scale`` float32 ``[1, 1]``
+    (element-wise: no reduction); values beyond the range saturate. Returns ``q`` ``[M, K]``
+    and the scale broadcast to the rows, ``[M, 1]`` (the row-wise kernel's layout)."""
+    q = (x.float() / scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
+    return q, scale.expand(x.shape[0], 1).contiguous()
+
+
 def _dgrad_scaled_mm(
     grad_rows: Tensor, weight_t_fp8: Tensor, weight_t_scale: Tensor, fast_accum: bool
 ) -> Tensor:
@@ -101,24 +154,41 @@ def _dgrad_scaled_mm(
 
 
 class _Float8Matmul(torch.autograd.Function):
-    """``y = x @ W^T`` with a float8 forward and a float8 input gradient (``W`` frozen).
+    """``y = x @ W^T`` with a float8 forward and an input gradient in float8 or in the model
+    dtype (``W`` frozen).
 
-    ``rows`` ``[M, in]``; returns bf16 ``[M, out]``; the gradient w.r.t. ``rows`` is in
-    ``rows``' dtype. Nothing of ``rows`` is saved: without a weight gradient it is not needed.
+    ``rows`` ``[M, in]``; ``input_scale`` float32 ``[1, 1]`` (static) or ``None`` (row-wise);
+    ``weight_t_fp8`` / ``weight_t_scale`` the float8 input-gradient copy, or ``None`` for an
+    input gradient against ``weight`` ``[out, in]`` in its own dtype. Returns bf16
+    ``[M, out]``; the gradient w.r.t. ``rows`` is in ``rows``' dtype. Nothing of ``rows`` is
+    saved: without a weight gradient it is not needed.
     """
 
     @staticmethod
-    def forward(ctx, rows, weight_fp8, weight_scale, weight_t_fp8, weight_t_scale, fast):
-        ctx.save_for_backward(weight_t_fp8, weight_t_scale)
+    def forward(
+        ctx, rows, weight_fp8, weight_scale, input_scale, weight, weight_t_fp8, weight_t_scale, fast
+    ):
+        if weight_t_fp8 is None:
+            ctx.save_for_backward(weight)
+        else:
+            ctx.save_for_backward(weight_t_fp8, weight_t_scale)
         ctx.fast_accum, ctx.in_dtype = fast, rows.dtype
-        q, scale = quantize_rows(rows)
+        if input_scale is None:
+            q, scale = quantize_rows(rows)
+        else:
+            q, scale = quantize_static(rows, input_scale)
         return scaled_matmul(q, weight_fp8.t(), scale, weight_scale, fast)
 
     @staticmethod
     def backward(ctx, grad):
-        weight_t_fp8, weight_t_scale = ctx.saved_tensors
-        dx = _dgrad_scaled_mm(grad.contiguous(), weight_t_fp8, weight_t_scale, ctx.fast_accum)
-        return dx.to(ctx.in_dtype), None, None, None, None, None
+        saved = ctx.saved_tensors
+        if len(saved) == 1:  # the model dtype's input gradient
+            (weight,) = saved
+            dx = grad.to(weight.dtype) @ weight
+        else:
+            weight_t_fp8, weight_t_scale = saved
+            dx = _dgrad_scaled_mm(grad.contiguous(), weight_t_fp8, weight_t_scale, ctx.fast_accum)
+        return dx.to(ctx.in_dtype), None, None, None, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -133,7 +203,7 @@ class Float8Linear(nn.Linear):
     ``activation``: ``"rowwise"`` or ``"static"`` (module docstring). A static layer holds
     ``input_scale`` float32 ``[1, 1]`` and, while :attr:`calibrating`, gathers the largest
     ``|x|`` it sees in ``input_amax`` ``[1]``; until its first calibration ends it quantises
-    row-wise.
+    row-wise. ``active``: ``False`` computes the plain linear layer in the weight's dtype.
     """
 
     def __init__(self, linear: nn.Linear, *, activation: str = "rowwise", fast_accum: bool = False):
@@ -161,6 +231,8 @@ class Float8Linear(nn.Linear):
         self.register_buffer("input_amax", torch.zeros(1, device=device), persistent=False)
         self.activation = "rowwise"
         self.fast_accum = False
+        self.active = True
+        self.input_grad: str | None = None  # enable_backward: one of INPUT_GRADS
         self.calibrating = False
         self.calibrated = False
         self.calibrated_amax: float | None = None  # the largest input of the last calibration
@@ -181,23 +253,26 @@ class Float8Linear(nn.Linear):
 
     @property
     def trains(self) -> bool:
-        """Whether the layer back-propagates to its input in float8 (:meth:`enable_backward`)."""
-        return self.weight_t_fp8 is not None
+        """Whether the layer back-propagates to its input (:meth:`enable_backward`)."""
+        return self.input_grad is not None
 
     @torch.no_grad()
-    def enable_backward(self) -> None:
-        """Back-propagate to the input in float8 (the module docstring's "Training"): keeps a
-        second float8 copy of the weight, quantised per input channel. The weight must be
-        frozen; row-wise activation scales only (a trainer has no calibration call)."""
+    def enable_backward(self, input_grad: str = "float8") -> None:
+        """Back-propagate to the input (the module docstring's "Training"): ``input_grad``
+        ``"float8"`` keeps a second float8 copy of the weight, quantised per input channel;
+        ``"model_dtype"`` multiplies ``dy`` by ``weight`` itself. The weight must be frozen."""
         if self.weight.requires_grad:
             raise Float8Error(
                 "a float8 layer trains only with a frozen weight (LoRA); this one requires a "
                 "gradient (full fine-tuning runs in the model dtype)"
             )
-        if self.activation != "rowwise":
-            raise Float8Error(f"float8 training takes row-wise scales, not {self.activation!r}")
-        if not self.trains:
-            w = self.weight
+        if input_grad not in INPUT_GRADS:
+            raise Float8Error(f"unknown float8 input gradient {input_grad!r}; known: {INPUT_GRADS}")
+        self.input_grad = input_grad
+        w = self.weight
+        if input_grad == "model_dtype":
+            self.weight_t_fp8 = self.weight_t_scale = None
+        elif self.weight_t_fp8 is None:
             self.weight_t_fp8 = torch.empty(w.shape[1], w.shape[0], dtype=FLOAT8, device=w.device)
             self.weight_t_scale = torch.empty(1, w.shape[1], dtype=torch.float32, device=w.device)
         self.refresh(recalibrate=False)
@@ -214,7 +289,7 @@ class Float8Linear(nn.Linear):
         q, scale = quantize_rows(self.weight)
         self.weight_fp8.copy_(q)
         self.weight_scale.copy_(scale.t())
-        if self.trains:
+        if self.weight_t_fp8 is not None:
             q, scale = quantize_rows(self.weight.t())
             self.weight_t_fp8.copy_(q)
             self.weight_t_scale.copy_(scale.t())
@@ -238,6 +313,8 @@ class Float8Linear(nn.Linear):
         self.calibrating = True
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.active:
+            return nn.functional.linear(x, self.weight, self.bias)
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if torch.is_grad_enabled() and (rows.requires_grad or self.weight.requires_grad):
@@ -250,14 +327,19 @@ class Float8Linear(nn.Linear):
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
+    def _static_scale(self, rows: Tensor) -> Tensor | None:
+        """The calibrated input scale ``[1, 1]``, or ``None`` for row-wise scales (row-wise
+        layers; static ones before or during calibration, which gathers ``rows``' range)."""
+        if self.activation == "static" and self.calibrated and not self.calibrating:
+            return self.input_scale
+        if self.calibrating:
+            torch.maximum(self.input_amax, rows.detach().abs().amax().float(), out=self.input_amax)
+        return None
+
     def _quantized_input(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """``rows`` ``[M, in]`` -> float8 ``[M, in]`` and float32 scales ``[M, 1]``."""
-        if self.activation == "static" and self.calibrated and not self.calibrating:
-            q = (rows.float() / self.input_scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
-            return q, self.input_scale.expand(rows.shape[0], 1).contiguous()
-        if self.calibrating:
-            torch.maximum(self.input_amax, rows.abs().amax().float(), out=self.input_amax)
-        return quantize_rows(rows)
+        scale = self._static_scale(rows)
+        return quantize_rows(rows) if scale is None else quantize_static(rows, scale)
 
     def _trained_matmul(self, rows: Tensor) -> Tensor:
         if not self.trains or self.weight.requires_grad:
@@ -269,6 +351,8 @@ class Float8Linear(nn.Linear):
             rows,
             self.weight_fp8,
             self.weight_scale,
+            self._static_scale(rows),
+            self.weight,
             self.weight_t_fp8,
             self.weight_t_scale,
             self.fast_accum,
@@ -276,8 +360,12 @@ class Float8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         accum = ", fast accumulation" if self.fast_accum else ""
-        trains = ", float8 input gradient" if self.trains else ""
-        return f"{super().extra_repr()}, float8=e4m3, activations {self.activation}{accum}{trains}"
+        trains = f", input gradient in {self.input_grad}" if self.trains else ""
+        off = ", off (model dtype)" if not self.active else ""
+        return (
+            f"{super().extra_repr()}, float8=e4m3, activations {self.activation}"
+            f"{accum}{trains}{off}"
+        )
 
 
 def _is_modulation(name: str) -> bool:
@@ -378,73 +466,3 @@ def configure_float8(module: nn.Module, *, activation: str, fast_accum: bool = F
     for layer in layers:
         layer.configure(activation=activation, fast_accum=fast_accum)
     return len(layers)
-
-
-def request_float8_calibration(module: nn.Module) -> int:
-    """Have every calibrated static float8 layer of ``module`` calibrate again on its next
-    rollout call (a rollout worker asks every so many LoRA updates: the adapter moves the
-    activations slowly, and the margin covers only so much); returns how many."""
-    layers = [layer for layer in float8_layers(module) if layer.activation == "static"]
-    for layer in layers:
-        layer.calibrated = False
-    return len(layers)
-
-
-def needs_float8_calibration(module: nn.Module) -> bool:
-    """Whether a static float8 layer in ``module`` has no calibrated scale yet."""
-    return any(layer.needs_calibration for layer in float8_layers(module))
-
-
-@contextlib.contextmanager
-def float8_calibration(module: nn.Module, *, margin: float = DEFAULT_MARGIN):
-    """Calibrate the static float8 layers of ``module`` on the calls made inside the block.
-
-    The calls run eagerly (``torch.compiler.set_stance("force_eager")``): a compiled block
-    would otherwise trace the calibrating forward as one more graph. They quantise row-wise
-    meanwhile, so their outputs are as good as the default's. On a clean exit every layer's
-    ``input_scale`` becomes ``margin * amax / 448``; a layer the calls never reached (or
-    reached with zeros only) has no range to scale to and goes back to row-wise scales, so
-    it neither asks for calibration on every later call nor saturates if it runs later. On
-    an exception nothing is fixed.
-    """
-    if margin < 1:
-        raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
-    layers = [layer for layer in float8_layers(module) if layer.activation == "static"]
-    for layer in layers:
-        layer.start_calibration()
-    try:
-        with torch.compiler.set_stance("force_eager"):
-            yield
-    except BaseException:
-        for layer in layers:
-            layer.calibrating = False
-        raise
-    unreached, growth = 0, []
-    for layer in layers:
-        if float(layer.input_amax) > 0:
-            grew = layer.finish_calibration(margin)
-            if grew is not None:
-                growth.append(grew)
-        else:
-            layer.calibrating = False
-            layer.configure(activation="rowwise", fast_accum=layer.fast_accum)
-            unreached += 1
-    log.info(
-        "float8: %d layers calibrated (margin %g)%s%s",
-        len(layers) - unreached,
-        margin,
-        f"; {unreached} not reached, left row-wise" if unreached else "",
-        _growth_summary(growth, margin),
-    )
-
-
-def _growth_summary(growth: list[float], margin: float) -> str:
-    """How far the inputs moved since the layers' previous calibration."""
-    if not growth:
-        return ""
-    beyond = sum(g > margin for g in growth)
-    return (
-        f"; since the last calibration the largest input grew up to {max(growth):.2f}x "
-        f"(median {sorted(growth)[len(growth) // 2]:.2f}x)"
-        + (f", {beyond} layers beyond the margin: they had been saturating" if beyond else "")
-    )

@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnirl.trainer.config import ConfigError, LoraConfig, to_container
+from omnirl.trainer.config import (
+    ConfigError,
+    LoraConfig,
+    float8_training_options,
+    to_container,
+)
 
 # ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
 _LOOP_KEYS = (
@@ -38,6 +43,10 @@ _MODEL_KEYS = (
     "compile_cache",
     "float8",
     "float8_fast_accum",
+    "float8_activation",
+    "float8_input_grad",
+    "float8_scope",
+    "float8_recalibrate_every",
     "attention",
     "parallel",
 )
@@ -98,7 +107,7 @@ class AdapterBackend:
             gradient_checkpointing=cfg.train.gradient_checkpointing,
         )
         if cfg.train.float8:  # before compiling: the blocks trace the float8 layers
-            self.adapter.enable_float8(fast_accum=cfg.train.float8_fast_accum)
+            self.adapter.enable_float8(float8_training_options(cfg.train))
         if cfg.train.compile:
             from omnirl.models.compile import CompileConfig, regional_scope
 

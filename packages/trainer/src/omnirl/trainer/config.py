@@ -147,12 +147,18 @@ class TrainConfig:
     # compile; fuses across blocks). Not with FSDP (its hooks run around each block)
     compile_scope: str = "blocks"
     compile_cache: str | None = None  # persistent compile cache directory
-    # the blocks' frozen linear layers as float8 matmuls, forward and input gradient (LoRA
-    # runs, Hopper GPUs; omnirl.models.float8, "Training"); float8_fast_accum: Hopper's fast
-    # accumulation in those matmuls. Not faster on SD3.5-M (H200: 0.0429 s per sample-step
-    # against 0.0408 in bf16; docs/benchmarks.md, "GPU, seventh session")
+    # the blocks' frozen linear layers as float8 matmuls (LoRA runs, Hopper GPUs;
+    # omnirl.models.float8, "Training"): activation scales "rowwise" or "static" (calibrated
+    # on the step's first micro-batches, again every float8_recalibrate_every updates), the
+    # input gradient in "float8" or "model_dtype", scope "all" passes or only the KL
+    # "reference" pass; float8_fast_accum: Hopper's fast accumulation. Speed on SD3.5-M:
+    # docs/benchmarks.md ("GPU, seventh session": row-wise, all, 5 % slower than bf16)
     float8: bool = False
     float8_fast_accum: bool = False
+    float8_activation: str = "rowwise"
+    float8_input_grad: str = "float8"
+    float8_scope: str = "all"
+    float8_recalibrate_every: int = 100
     # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
     # rollout's --attention should name the same one (log-prob parity)
     attention: str = "default"
@@ -304,6 +310,7 @@ def _validate(cfg: DictConfig) -> None:
             "key 'train.float8': float8 training needs model.lora (a full fine-tune trains "
             "every weight, and a float8 forward computes no weight gradient)"
         )
+    float8_training_options(cfg.train)  # names a bad float8_* key
     if cfg.train.compile_scope == "whole" and cfg.train.parallel == "fsdp":
         raise ConfigError(
             "key 'train.compile_scope': 'whole' cannot run under train.parallel=fsdp (FSDP2 "
@@ -316,6 +323,23 @@ def _validate(cfg: DictConfig) -> None:
             f"known: {list(ATTENTION_BACKENDS)}"
         )
     _check_noise_sharing(cfg)
+
+
+def float8_training_options(train: Any) -> Any:
+    """The ``train.float8_*`` keys as :class:`omnirl.models.float8.Float8Training`; raises
+    :class:`ConfigError` naming a bad value."""
+    from omnirl.models.float8 import Float8Error, Float8Training
+
+    try:
+        return Float8Training(
+            activation=train.float8_activation,
+            input_grad=train.float8_input_grad,
+            scope=train.float8_scope,
+            fast_accum=bool(train.float8_fast_accum),
+            recalibrate_every=int(train.float8_recalibrate_every),
+        )
+    except Float8Error as err:
+        raise ConfigError(f"key 'train.float8_*': {err}") from None
 
 
 def _check_noise_sharing(cfg: DictConfig) -> None:

@@ -31,9 +31,11 @@ from omnirl.models.float8 import (
     check_float8_device,
     configure_float8,
     convert_to_float8,
+    refresh_float8,
+)
+from omnirl.models.float8_static import (
     float8_calibration,
     needs_float8_calibration,
-    refresh_float8,
     request_float8_calibration,
 )
 from omnirl.models.host_steps import HostSteps

@@ -20,9 +20,17 @@ from omnirl.models.clean_batch import CleanSampleBatch
 from omnirl.models.compile import CompileConfig, compile_module, repeated_blocks
 from omnirl.models.float8 import (
     Float8Error,
+    Float8Training,
     check_float8_device,
     convert_to_float8,
     float8_layers,
+)
+from omnirl.models.float8_static import (
+    float8_active,
+    float8_calibration,
+    needs_float8_calibration,
+    request_float8_calibration,
+    set_float8_active,
 )
 from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
@@ -73,6 +81,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             transformer.enable_gradient_checkpointing()
         self._reference_model: torch.nn.Module | None = None
         self._in_reference = False
+        self.float8: Float8Training | None = None
         self._sigma_max: dict[tuple[int, int, int], float] = {}
 
     @classmethod
@@ -114,15 +123,16 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             )
         return compile_module(self.transformer, config)
 
-    def enable_float8(self, *, fast_accum: bool = False) -> int:
-        """The transformer blocks' frozen linear layers as float8 matmuls in the forward and
-        in the input gradient (row-wise scales; :mod:`omnirl.models.float8`, "Training"); the
-        LoRA branches, the adaLN modulation and everything outside the blocks stay in the
-        model dtype. The reference pass (adapter disabled) runs the same float8 layers. Call
-        before :meth:`compile`. LoRA runs only: a full fine-tune needs weight gradients.
-        Returns how many layers were converted; raises
+    def enable_float8(self, options: Float8Training | None = None) -> int:
+        """The transformer blocks' frozen linear layers as float8 matmuls
+        (:mod:`omnirl.models.float8`, "Training"; ``options`` default: row-wise scales,
+        float8 input gradient, every pass); the LoRA branches, the adaLN modulation and
+        everything outside the blocks stay in the model dtype. Call before :meth:`compile`
+        (again to change the options). LoRA runs only: a full fine-tune needs weight
+        gradients. Returns how many layers were converted; raises
         :class:`~omnirl.models.float8.Float8Error` on a device without float8 matmuls.
         """
+        options = options or Float8Training()
         check_float8_device(self.device)
         if self.lora_config is None:
             raise Float8Error(
@@ -132,12 +142,40 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
         blocks = repeated_blocks(self.transformer)
         if not blocks:
             raise Float8Error(f"{type(self.transformer).__name__} names no repeated blocks")
-        convert_to_float8(blocks, activation="rowwise", fast_accum=fast_accum)
+        convert_to_float8(blocks)
         layers = float8_layers(self.transformer)
         for layer in layers:
-            layer.configure(activation="rowwise", fast_accum=fast_accum)
-            layer.enable_backward()
+            layer.configure(activation=options.activation, fast_accum=options.fast_accum)
+            layer.enable_backward(options.input_grad)
+        set_float8_active(self.transformer, options.scope == "all")
+        self.float8 = options
         return len(layers)
+
+    def float8_needs_calibration(self) -> bool:
+        return self.float8 is not None and needs_float8_calibration(self.transformer)
+
+    def recalibrate_float8(self) -> int:
+        return request_float8_calibration(self.transformer) if self.float8 is not None else 0
+
+    def on_update(self, num_updates: int) -> None:
+        """Static float8 scales calibrate again every ``recalibrate_every`` updates: the LoRA
+        moves the activations, and the margin covers only so much."""
+        every = self.float8.recalibrate_every if self.float8 is not None else 0
+        if every and num_updates % every == 0:
+            self.recalibrate_float8()
+
+    @contextlib.contextmanager
+    def float8_calibration(self) -> Iterator[None]:
+        """Calibrate the static float8 scales on the passes made inside the block (eager,
+        row-wise meanwhile); layers of scope ``"reference"`` are switched on for it."""
+        if self.float8 is None:
+            raise Float8Error("float8 calibration needs enable_float8() first")
+        with float8_calibration(self.transformer, margin=self.float8.margin):
+            if self.float8.scope == "all":
+                yield
+            else:
+                with float8_active(self.transformer):
+                    yield
 
     @property
     def weight_format(self) -> WeightFormat:
@@ -241,7 +279,11 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
         if self.lora_config is not None:
             self.transformer.disable_adapters()
             try:
-                yield
+                if self.float8 is not None and self.float8.scope == "reference":
+                    with float8_active(self.transformer):
+                        yield
+                else:
+                    yield
             finally:
                 self.transformer.enable_adapters()
             return
