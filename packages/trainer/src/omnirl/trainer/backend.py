@@ -18,6 +18,7 @@ rank 0's is wrapped in :class:`omnirl.trainer.replicas.LeaderBackend`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from omnirl.trainer.config import (
@@ -26,6 +27,8 @@ from omnirl.trainer.config import (
     float8_training_options,
     to_container,
 )
+
+log = logging.getLogger("omnirl.trainer.backend")
 
 # ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
 _LOOP_KEYS = (
@@ -107,7 +110,9 @@ class AdapterBackend:
             gradient_checkpointing=cfg.train.gradient_checkpointing,
         )
         if cfg.train.float8:  # before compiling: the blocks trace the float8 layers
-            self.adapter.enable_float8(float8_training_options(cfg.train))
+            options = float8_training_options(cfg.train)
+            layers = self.adapter.enable_float8(options)
+            log.info("float8 training: %d block linear layers, %s", layers, options)
         if cfg.train.compile:
             from omnirl.models.compile import CompileConfig, regional_scope
 
