@@ -81,6 +81,21 @@ def test_model_options_are_read_from_train_and_not_passed_to_the_step(tiny_sd3_p
     assert not is_compiled(plain.adapter.transformer)
 
 
+def test_the_backend_converts_float8_layers_as_the_float8_keys_say(tiny_sd3_path, tmp_path):
+    from omnirl.models.float8 import float8_layers
+    from omnirl.trainer.config import ConfigError
+
+    base = [f"model.path={tiny_sd3_path}", f"data.prompts={tmp_path / 'p.jsonl'}"]
+    static = ["train.float8=true", "train.float8_activation=static"]
+    reference = [*static, "train.float8_scope=reference"]
+    backend = AdapterBackend(load_config(None, [*base, *reference, "train.kl_beta=0.01"]))
+    layers = float8_layers(backend.adapter.transformer)
+    assert layers and all(layer.activation == "static" and not layer.active for layer in layers)
+    assert backend.adapter.float8.scope == "reference"
+    with pytest.raises(ConfigError, match=r"float8_scope.*has no KL term"):
+        AdapterBackend(load_config(None, [*base, *reference, "train.kl_beta=0"]))
+
+
 @pytest.mark.parametrize(("rows", "chunk", "world"), [(5, 1, 2), (7, 2, 3), (1, 4, 2), (8, 4, 1)])
 def test_data_parallel_shares_line_up(rows, chunk, world):
     all_rows = torch.arange(10, 10 + rows)

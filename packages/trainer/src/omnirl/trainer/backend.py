@@ -129,6 +129,13 @@ class AdapterBackend:
         if dist_info is not None and dist_info.world_size > 1:
             parallel = self._data_parallel(cfg, dist_info)
         self.train_step = TrainStep(self.adapter, spec, step_config, parallel=parallel)
+        reference_only = cfg.train.float8 and cfg.train.float8_scope == "reference"
+        if reference_only and not self.train_step.needs_reference:
+            raise ConfigError(
+                "key 'train.float8_scope': 'reference' runs only the KL term's reference pass "
+                f"in float8, and this loss ({spec.name}, kl_beta "
+                f"{self.train_step.config.kl_beta}) has no KL term: nothing would run in float8"
+            )
 
     def _data_parallel(self, cfg: Any, info: Any) -> Any:
         """Gradient all-reduce over the ranks (``train.parallel``: ``auto`` / ``ddp``), every
