@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -264,9 +265,24 @@ class DiffusionTrainingAdapter(abc.ABC):
         return None
 
     def float8_calibration(self) -> contextlib.AbstractContextManager[None]:
-        """A context whose passes calibrate the static float8 scales (no-grad passes of the
-        policy, and of :meth:`reference` when the loss has a KL term)."""
+        """A context whose passes calibrate the static float8 scales."""
         raise NotImplementedError(f"{type(self).__name__} has no float8 training")
+
+    @torch.no_grad()
+    def calibrate_float8(
+        self, batches: Sequence[TransitionBatch], *, sde_type: str, reference: bool
+    ) -> None:
+        """Fix the static float8 scales on one no-grad pass over ``batches`` (a trainer: the
+        first micro-batch of every trained step), and over :meth:`reference` with
+        ``reference`` (a loss with a KL term). A trainer calls it before any log-prob of a
+        step, so the proximal, policy and reference passes of the step quantise alike; with
+        the same rows on every data-parallel rank the replicas share their scales."""
+        with self.float8_calibration():
+            for batch in batches:
+                self.transition(batch, sde_type=sde_type)
+                if reference:
+                    with self.reference():
+                        self.transition(batch, sde_type=sde_type)
 
     @abc.abstractmethod
     def export_weights(self) -> dict[str, Tensor]:

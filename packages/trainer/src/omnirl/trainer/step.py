@@ -326,8 +326,13 @@ class TrainStep:
         cfg = self.config
         steps = self._trained_steps(int(groups[0].latents.shape[1]))
         batches = self._collate(groups, steps)
-        if self.adapter.float8_needs_calibration():
-            self._calibrate_float8(batches)
+        if self.adapter.float8_needs_calibration():  # before any log-prob of the step
+            rows = slice(0, cfg.micro_batch_size or None)
+            self.adapter.calibrate_float8(
+                [batch.select(rows) for _, batch in batches],
+                sde_type=self.spec.sde_type,
+                reference=self.needs_reference,
+            )
         num_samples = int(advantages.numel())
         updates = cfg.inner_epochs * cfg.num_minibatches
         # With one update per call the parameters cannot change between the start of the
@@ -365,21 +370,6 @@ class TrainStep:
         except (TransitionBatchError, ValueError) as err:  # e.g. inconsistent windows
             raise TrainStepInputError(str(err)) from err
         return out
-
-    @torch.no_grad()
-    def _calibrate_float8(self, batches: list[tuple[torch.Tensor, TransitionBatch]]) -> None:
-        """Static float8 scales, fixed before any log-prob of the step is computed (so the
-        proximal, policy and reference passes all quantise alike): one no-grad pass over the
-        first micro-batch of every trained step (and of the reference, with a KL term). The
-        rows are the same on every data-parallel rank, so every replica gets one scale."""
-        with self.adapter.float8_calibration():
-            for _, batch in batches:
-                rows = min(batch.batch_size, self.config.micro_batch_size or batch.batch_size)
-                mb = batch.select(slice(0, rows))
-                self.adapter.transition(mb, sde_type=self.spec.sde_type)
-                if self.needs_reference:
-                    with self.adapter.reference():
-                        self.adapter.transition(mb, sde_type=self.spec.sde_type)
 
     @torch.no_grad()
     def _proximal(
