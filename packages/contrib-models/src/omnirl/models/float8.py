@@ -16,11 +16,11 @@ Scaling (what torch's row-wise ``_scaled_mm`` takes):
   must be known before the row is quantised: a reduction, and a second pass over the
   activation, before every matmul;
 - activations, ``"static"``: one scale per layer, calibrated once on a whole rollout call
-  (:func:`omnirl.models.float8_static.float8_calibration`: every timestep, the model's real inputs) as
-  ``margin * amax / 448``. Quantising is then element-wise, fused by inductor into the
-  kernel that produces the activation. A value beyond the calibrated range saturates at
-  +-448 instead of overflowing; ``margin`` (default 2) is the headroom for activations that
-  grow after calibration. The scales are kept across LoRA updates and recalibrated after a
+  (:func:`omnirl.models.float8_static.float8_calibration`: every timestep, the model's real
+  inputs) as ``margin * amax / 448``. Quantising is then element-wise, fused by inductor
+  into the kernel that produces the activation. A value beyond the calibrated range
+  saturates at +-448 instead of overflowing; ``margin`` (default 2) is the headroom for
+  activations that grow after calibration. The scales are kept across LoRA updates and recalibrated after a
   full-weight update (:meth:`Float8Linear.refresh`).
 
 ``fast_accum``: the matmul's fast accumulation mode on Hopper (partial sums not promoted to
