@@ -159,12 +159,9 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
 
     def on_update(self, num_updates: int) -> None:
         """Static float8 scales calibrate again every ``recalibrate_every`` updates: the LoRA
-        moves the activations, and the margin covers only so much. Not for scope
-        ``"reference"``: the reference pass (the adapter disabled) sees the same inputs
-        whatever the LoRA."""
-        if self.float8 is None or self.float8.scope == "reference":
-            return
-        every = self.float8.recalibrate_every
+        moves the activations (and the samples the reference pass sees), and the margin
+        covers only so much."""
+        every = self.float8.recalibrate_every if self.float8 is not None else 0
         if every and num_updates % every == 0:
             self.recalibrate_float8()
 
