@@ -94,6 +94,17 @@ def test_the_backend_converts_float8_layers_as_the_float8_keys_say(tiny_sd3_path
     assert backend.adapter.float8.scope == "reference"
     with pytest.raises(ConfigError, match=r"float8_scope.*has no KL term"):
         AdapterBackend(load_config(None, [*base, *reference, "train.kl_beta=0"]))
+    # a forward-process objective: the same check on its step; static scales it would never
+    # calibrate are refused
+    nft = [*base, "algorithm.name=diffusion_nft"]
+    with pytest.raises(ConfigError, match=r"diffusion_nft.*has no KL term"):
+        AdapterBackend(
+            load_config(
+                None, [*nft, "train.kl_beta=0", "train.float8=true", "train.float8_scope=reference"]
+            )
+        )
+    with pytest.raises(ConfigError, match=r"'static'.*forward-process objective"):
+        AdapterBackend(load_config(None, [*nft, *static]))
 
 
 @pytest.mark.parametrize(("rows", "chunk", "world"), [(5, 1, 2), (7, 2, 3), (1, 4, 2), (8, 4, 1)])

@@ -94,6 +94,16 @@ class AdapterBackend:
         self.model_path = str(cfg.model.path)
         self.architecture = architecture_of(self.model_path)
         spec = get_algorithm(cfg.algorithm.name)
+        if (
+            cfg.train.float8
+            and cfg.train.float8_activation == "static"
+            and not spec.needs_log_probs
+        ):
+            raise ConfigError(
+                "key 'train.float8_activation': 'static' scales are calibrated by a log-prob "
+                f"step on its transitions; {spec.name!r} is a forward-process objective, "
+                "whose step never calibrates them: use 'rowwise'"
+            )
         self.sde_type = spec.sde_type
         step_config = train_step_config(cfg)
         adapter_cls = get_training_adapter(self.architecture, spec.adapter_algorithm)

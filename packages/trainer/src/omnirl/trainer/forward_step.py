@@ -74,6 +74,7 @@ class ForwardProcessStep:
             loss_cls.Config(**{n: getattr(cfg, n) for n in loss_fields if hasattr(cfg, n)})
         )
         self.pairs = bool(getattr(loss_cls, "pairs", False))
+        self.needs_reference = self.loss.needs_reference()  # as TrainStep's: a KL term
         self.params = trainable(adapter.trainable_parameters())
         self.device = self.params[0].device
         self.optimizer = build_adamw(
@@ -291,7 +292,7 @@ class ForwardProcessStep:
         with torch.no_grad(), self.old.swapped_in():
             v_old = self.adapter.velocity(x_t, timesteps, mb)
         v_ref = None
-        if self.loss.needs_reference():
+        if self.needs_reference:
             with torch.no_grad(), self.adapter.reference():
                 v_ref = self.adapter.velocity(x_t, timesteps, mb)
         v_theta = self.adapter.velocity(x_t, timesteps, mb)
