@@ -151,8 +151,9 @@ class TrainConfig:
     # omnirl.models.float8, "Training"): activation scales "rowwise" or "static" (calibrated
     # on the step's first micro-batches, again every float8_recalibrate_every updates), the
     # input gradient in "float8" or "model_dtype", scope "all" passes or only the KL
-    # "reference" pass; float8_fast_accum: Hopper's fast accumulation. Speed on SD3.5-M:
-    # docs/benchmarks.md ("GPU, seventh session": row-wise, all, 5 % slower than bf16)
+    # "reference" pass; float8_fast_accum: Hopper's fast accumulation. Speed on SD3.5-M with
+    # KL (docs/benchmarks.md, "GPU, seventh session" and "ninth session"): row-wise 5 %
+    # slower than bf16; static 11 % faster (float8 input gradient), 8 % (model_dtype)
     float8: bool = False
     float8_fast_accum: bool = False
     float8_activation: str = "rowwise"
