@@ -166,7 +166,7 @@ train:
   compile: {compile_train}
   compile_cache: {cache if args.compile else "null"}
   attention: {args.attention}
-runtime:
+{_train_float8(args)}runtime:
   control_port: 0
   lease_timeout_s: 900
   heartbeat_timeout_s: 300
@@ -181,6 +181,20 @@ max_minutes: {args.minutes}
     path = out / "gpu_loop.yaml"
     path.write_text(lines)
     return path
+
+
+def _train_float8(args) -> str:
+    """The trainer's float8 keys (indented under ``train:``), or nothing."""
+    if not args.train_float8:
+        return ""
+    lines = [
+        "float8: true",
+        f"float8_activation: {args.train_float8}",
+        f"float8_fast_accum: {'true' if args.float8_fast_accum else 'false'}",
+    ]
+    if args.float8_recalibrate_every is not None:
+        lines.append(f"float8_recalibrate_every: {args.float8_recalibrate_every}")
+    return "".join(f"  {line}\n" for line in lines)
 
 
 def launch(args, config: Path, out: Path) -> int:
@@ -273,6 +287,9 @@ def summarize(args, out: Path, started: float) -> dict:
             grew = [float(x) for x in _GREW.findall(text)]
             if grew:
                 summary["float8_input_growth_max"] = max(grew)
+    trainer_log = out / "run" / "logs" / "trainer.log"
+    if args.train_float8 == "static" and trainer_log.exists():
+        summary["trainer_float8_calibrations"] = trainer_log.read_text().count("layers calibrated")
     summary["wall_s"] = round(time.time() - started, 1)
     return summary
 
@@ -304,12 +321,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the rollout's block linears in float8 (Hopper+), activations scaled per row or "
         "per layer (static, calibrated on the first call)",
     )
-    p.add_argument("--float8-fast-accum", action="store_true")
+    p.add_argument(
+        "--train-float8",
+        default=None,
+        choices=["rowwise", "static"],
+        help="the trainer's block linears in float8 too (train.float8, float8_activation)",
+    )
+    p.add_argument("--float8-fast-accum", action="store_true", help="rollout and trainer")
     p.add_argument(
         "--float8-recalibrate-every",
         type=int,
         default=None,
-        help="the worker's --float8-recalibrate-every (default: the worker's)",
+        help="the worker's --float8-recalibrate-every and the trainer's "
+        "train.float8_recalibrate_every (default: theirs)",
     )
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     args = p.parse_args(argv)

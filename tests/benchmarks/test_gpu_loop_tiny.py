@@ -34,6 +34,8 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
         "static",
         "--float8-recalibrate-every",
         "2",
+        "--train-float8",
+        "static",
         "--out",
         str(tmp_path),
     ]
@@ -63,6 +65,11 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
     assert summary["float8_calibrations"] == calibrations
     assert "recalibrating the static scales on the next lease" in worker_log
     assert summary["float8_input_growth_max"] > 0  # each later calibration says how far
+    # the trainer in float8 too: static scales calibrated at its first step, then after
+    # every second update (5 steps: updates 0, 2, 4)
+    assert "float8: true" in config and "float8_activation: static" in config
+    trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
+    assert summary["trainer_float8_calibrations"] == trainer_log.count("layers calibrated") == 3
 
 
 def test_device_env_registers_every_entry_point_without_installing(tmp_path):
