@@ -98,9 +98,10 @@ class Float8Stages:
         """The trainer's frozen block linear layers in float8 as the variant says
         (``train.float8_*``): the compiled training step with the KL pass, its parity against
         the rollout (whatever the rollout runs at this point: bf16, or float8 after an
-        ``fp8*`` stage), and the same-work iteration. Rows ``omnirl_<name>`` and
-        ``omnirl_iteration_same_work_<name>``; ``compile_s`` includes a static variant's
-        calibration pass. The trainer stays in float8 for later stages."""
+        ``fp8*`` stage), its kernel time by kind, and the same-work iteration. Rows
+        ``omnirl_<name>``, ``profile_<name>`` and ``omnirl_iteration_same_work_<name>``;
+        ``compile_s`` includes a static variant's calibration pass. The trainer stays in
+        float8 for later stages."""
         options = TRAIN_FP8_VARIANTS[name]
         layers = self.train.enable_float8(options)
         step = self.train_step(self.setup.kl_beta)
@@ -125,6 +126,11 @@ class Float8Stages:
             parity_mean=m["behav_prox_logp_absdiff_mean"],
             parity_max=m["behav_prox_logp_absdiff_max"],
             parity_of=what,
+        )
+        # kernel time by kind of one more step: what is left of it for kernel work
+        self.report.add(
+            f"profile_{name}",
+            **profile_kernels(self.device, lambda: self.timed_step(step, groups), top=16),
         )
         self.sync_weights()
         self.iterate(f"omnirl_iteration_same_work_{name}", step, None, True, parity_of=what)

@@ -71,7 +71,8 @@ def test_tiny_run_reports_every_stage(tmp_path):
         "omnirl_train_fp8_static_f8grad",
     ):
         assert stage in rows, stage
-    for name in ("profile_rollout", "profile_train_kl"):  # CPU: aten operators' time by kind
+    for name in ("profile_rollout", "profile_train_kl", "profile_train_fp8_static"):
+        # CPU: aten operators' time by kind
         prof = rows[name]
         assert prof["total_ms"] > 0 and prof["launches"] > 0 and prof["top"]
         shares = sum(v for k, v in prof.items() if k.endswith("_share"))
