@@ -22,6 +22,8 @@ _KINDS = (
     ("triton", re.compile(r"^triton_", re.I)),
     ("attention", re.compile(r"flash|fmha|cudnn|attention|sdpa|_efficient_attention", re.I)),
     ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|sm90_|mm_|addmm|matmul|bmm|linear", re.I)),
+    # the CPU profile's plain and float8 matmul operators
+    ("matmul", re.compile(r"^aten::(_scaled_)?mm$")),
     ("copy", re.compile(r"copy|memcpy|memset|to_copy|cast|convert", re.I)),
 )
 
