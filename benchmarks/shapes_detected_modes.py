@@ -21,9 +21,8 @@ from pathlib import Path
 
 import torch
 
-from omnirl.protocol.messages import SamplingParams
 from omnirl.reward.shapes.detector import score_batch
-from omnirl.tools.eval_shapes import load_adapter, load_prompt_file, sample_specs
+from omnirl.tools.eval_shapes import eval_sampling, load_adapter, load_prompt_file, sample_specs
 
 PROMPT_FILES = {
     "heldout": Path("examples/prompts/shapes_heldout.jsonl"),
@@ -33,17 +32,7 @@ PROMPT_FILES = {
 
 def detected_modes(adapter, specs, *, seeds: int, top: int) -> dict:
     """Strict accuracy and the ``top`` most frequent detected shape multisets of ``specs``."""
-    sampling = SamplingParams(
-        group_size=seeds,
-        seed=0,
-        num_steps=10,
-        guidance_scale=3.0,
-        height=32,
-        width=32,
-        sde_type="ode",
-        record_latents=False,
-        record_images=True,
-    )
+    sampling = eval_sampling(seeds)  # eval_shapes.evaluate's defaults: what shapes_curve scores
     modes: collections.Counter[str] = collections.Counter()
     passed = images = 0
     for group, spec in sample_specs(adapter, specs, sampling, tag="eval"):

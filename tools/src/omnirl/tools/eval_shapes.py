@@ -81,18 +81,13 @@ def evaluate(
     batch_prompts: int = 32,
 ) -> EvalRun:
     """Sample ``seeds`` images of every spec with a rollout adapter and score them."""
-    from omnirl.protocol.messages import SamplingParams
-
-    sampling = SamplingParams(
-        group_size=seeds,
-        seed=seed,
-        num_steps=num_steps,
+    sampling = eval_sampling(
+        seeds,
         guidance_scale=guidance_scale,
-        height=image_size,
-        width=image_size,
+        num_steps=num_steps,
         sde_type=sde_type,
-        record_latents=False,
-        record_images=True,
+        image_size=image_size,
+        seed=seed,
     )
     t0 = time.perf_counter()
     strict = np.zeros((len(specs), seeds), dtype=bool)
@@ -106,6 +101,32 @@ def evaluate(
             strict[i, k] = sc.strict
             partial[i, k] = sc.partial
     return EvalRun(specs, strict, partial, images, time.perf_counter() - t0)
+
+
+def eval_sampling(
+    seeds: int,
+    *,
+    guidance_scale: float = 3.0,
+    num_steps: int = 10,
+    sde_type: str = "ode",
+    image_size: int = 32,
+    seed: int = 0,
+):
+    """The :class:`SamplingParams` of an evaluation: ``seeds`` images a prompt, images
+    returned, no latents recorded."""
+    from omnirl.protocol.messages import SamplingParams
+
+    return SamplingParams(
+        group_size=seeds,
+        seed=seed,
+        num_steps=num_steps,
+        guidance_scale=guidance_scale,
+        height=image_size,
+        width=image_size,
+        sde_type=sde_type,
+        record_latents=False,
+        record_images=True,
+    )
 
 
 def sample_specs(
