@@ -32,7 +32,7 @@ PROMPT_FILES = {
 
 def detected_modes(adapter, specs, *, seeds: int, top: int) -> dict:
     """Strict accuracy and the ``top`` most frequent detected shape multisets of ``specs``."""
-    sampling = eval_sampling(seeds)  # eval_shapes.evaluate's defaults: what shapes_curve scores
+    sampling = eval_sampling(seeds)  # as evaluate samples by default: what shapes_curve scores
     modes: collections.Counter[str] = collections.Counter()
     passed = images = 0
     for group, spec in sample_specs(adapter, specs, sampling, tag="eval"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -10,11 +11,12 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_sd35m_profile.py"
 
 
-def _kind_of(name: str) -> str:
+@functools.cache
+def _script():
     spec = importlib.util.spec_from_file_location("gpu_sd35m_profile", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.kind_of(name)
+    return module
 
 
 @pytest.mark.parametrize(
@@ -38,4 +40,4 @@ def _kind_of(name: str) -> str:
     ],
 )
 def test_kernels_are_sorted_by_name(name, kind):
-    assert _kind_of(name) == kind
+    assert _script().kind_of(name) == kind

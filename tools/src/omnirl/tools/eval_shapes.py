@@ -73,26 +73,17 @@ def evaluate(
     specs: list[ShapeSpec],
     *,
     seeds: int = 2,
-    guidance_scale: float = 3.0,
-    num_steps: int = 10,
-    sde_type: str = "ode",
-    image_size: int = 32,
-    seed: int = 0,
     batch_prompts: int = 32,
+    **sampling_options: Any,
 ) -> EvalRun:
-    """Sample ``seeds`` images of every spec with a rollout adapter and score them."""
-    sampling = eval_sampling(
-        seeds,
-        guidance_scale=guidance_scale,
-        num_steps=num_steps,
-        sde_type=sde_type,
-        image_size=image_size,
-        seed=seed,
-    )
+    """Sample ``seeds`` images of every spec with a rollout adapter and score them;
+    ``sampling_options`` are :func:`eval_sampling`'s (guidance scale, steps, SDE type, image
+    size, seed)."""
+    sampling = eval_sampling(seeds, **sampling_options)
     t0 = time.perf_counter()
     strict = np.zeros((len(specs), seeds), dtype=bool)
     partial = np.zeros((len(specs), seeds), dtype=np.float64)
-    images = np.zeros((len(specs), seeds, image_size, image_size, 3), dtype=np.uint8)
+    images = np.zeros((len(specs), seeds, sampling.height, sampling.width, 3), dtype=np.uint8)
     groups = sample_specs(adapter, specs, sampling, batch_prompts=batch_prompts, tag="eval")
     for i, (group, spec) in enumerate(groups):
         imgs = group.images.numpy()
@@ -112,8 +103,8 @@ def eval_sampling(
     image_size: int = 32,
     seed: int = 0,
 ):
-    """The :class:`SamplingParams` of an evaluation: ``seeds`` images a prompt, images
-    returned, no latents recorded."""
+    """The :class:`SamplingParams` of an evaluation (its defaults are every ShapesEval
+    score's): ``seeds`` images a prompt, images returned, no latents recorded."""
     from omnirl.protocol.messages import SamplingParams
 
     return SamplingParams(
