@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
+import shutil
 
 import msgspec
 import pytest
@@ -94,6 +96,13 @@ def test_the_backend_converts_float8_layers_as_the_float8_keys_say(tiny_sd3_path
     assert backend.adapter.float8.scope == "reference"
     with pytest.raises(ConfigError, match=r"float8_scope.*has no KL term"):
         AdapterBackend(load_config(None, [*base, *reference, "train.kl_beta=0"]))
+    # refused before the model loads: a folder with the pipeline's index and no weights
+    index_only = tmp_path / "index_only"
+    index_only.mkdir()
+    shutil.copy(pathlib.Path(tiny_sd3_path) / "model_index.json", index_only)
+    no_weights = [f"model.path={index_only}", *base[1:], *reference, "train.kl_beta=0"]
+    with pytest.raises(ConfigError, match=r"float8_scope.*has no KL term"):
+        AdapterBackend(load_config(None, no_weights))
     # a forward-process objective: the same check on its step; static scales it would never
     # calibrate are refused
     nft = [*base, "algorithm.name=diffusion_nft"]

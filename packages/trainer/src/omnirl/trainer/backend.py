@@ -88,8 +88,8 @@ class AdapterBackend:
 
         from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import architecture_of, get_training_adapter
-        from omnirl.trainer.algorithms.registry import get_algorithm
-        from omnirl.trainer.step import TrainStep
+        from omnirl.trainer.algorithms.registry import build_loss, get_algorithm
+        from omnirl.trainer.step import TrainStep, needs_reference_pass
 
         self.model_path = str(cfg.model.path)
         self.architecture = architecture_of(self.model_path)
@@ -106,6 +106,14 @@ class AdapterBackend:
             )
         self.sde_type = spec.sde_type
         step_config = train_step_config(cfg)
+        if cfg.train.float8 and cfg.train.float8_scope == "reference":  # before the model loads
+            resolved = step_config.resolve(spec)
+            if not needs_reference_pass(spec, build_loss(spec, resolved)):
+                raise ConfigError(
+                    "key 'train.float8_scope': 'reference' runs only the KL term's reference "
+                    f"pass in float8, and this loss ({spec.name}, kl_beta {resolved.kl_beta}) "
+                    "has no KL term: nothing would run in float8"
+                )
         adapter_cls = get_training_adapter(self.architecture, spec.adapter_algorithm)
         lora = LoraConfig.peft_kwargs(cfg.model.lora) if cfg.model.lora is not None else None
         torch.manual_seed(cfg.run.seed)  # LoRA initialisation is part of the run's seed
@@ -139,13 +147,6 @@ class AdapterBackend:
         if dist_info is not None and dist_info.world_size > 1:
             parallel = self._data_parallel(cfg, dist_info)
         self.train_step = TrainStep(self.adapter, spec, step_config, parallel=parallel)
-        reference_only = cfg.train.float8 and cfg.train.float8_scope == "reference"
-        if reference_only and not self.train_step.needs_reference:
-            raise ConfigError(
-                "key 'train.float8_scope': 'reference' runs only the KL term's reference pass "
-                f"in float8, and this loss ({spec.name}, kl_beta "
-                f"{self.train_step.config.kl_beta}) has no KL term: nothing would run in float8"
-            )
 
     def _data_parallel(self, cfg: Any, info: Any) -> Any:
         """Gradient all-reduce over the ranks (``train.parallel``: ``auto`` / ``ddp``), every

@@ -26,7 +26,6 @@ unit, ``B`` units of a micro-batch.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -41,7 +40,7 @@ from omnirl.protocol.messages import DiffusionTrajectoryGroup
 from omnirl.trainer.algorithms.diffusion_dpo import DPOLossInputs, preference_pair
 from omnirl.trainer.algorithms.diffusion_nft import NFTLossInputs, old_policy_decay
 from omnirl.trainer.algorithms.flow_grpo import LossOutput
-from omnirl.trainer.algorithms.registry import AlgorithmSpec, get_advantage, get_loss
+from omnirl.trainer.algorithms.registry import AlgorithmSpec, build_loss, get_advantage
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.ema import EMA
 from omnirl.trainer.optim import OptimConfig, build_adamw, set_lr, trainable
@@ -56,7 +55,7 @@ class ForwardProcessStep:
         algorithm: AlgorithmSpec,
         config: Any = None,
     ) -> None:
-        from omnirl.trainer.step import TrainStep
+        from omnirl.trainer.step import TrainStep, needs_reference_pass
 
         self.adapter = adapter
         self.spec = algorithm
@@ -68,13 +67,9 @@ class ForwardProcessStep:
                 f"in [0, 1), got {cfg.old_decay_rate!r}, {cfg.old_decay_max!r}"
             )
         self.estimator = get_advantage(self.spec.advantage)
-        loss_cls = get_loss(self.spec.loss)
-        loss_fields = {f.name for f in dataclasses.fields(loss_cls.Config)}
-        self.loss = loss_cls(
-            loss_cls.Config(**{n: getattr(cfg, n) for n in loss_fields if hasattr(cfg, n)})
-        )
-        self.pairs = bool(getattr(loss_cls, "pairs", False))
-        self.needs_reference = self.loss.needs_reference()  # as TrainStep's: a KL term
+        self.loss = build_loss(self.spec, cfg)
+        self.pairs = bool(getattr(type(self.loss), "pairs", False))
+        self.needs_reference = needs_reference_pass(self.spec, self.loss)
         self.params = trainable(adapter.trainable_parameters())
         self.device = self.params[0].device
         self.optimizer = build_adamw(

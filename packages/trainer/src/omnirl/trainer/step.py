@@ -37,9 +37,9 @@ from omnirl.trainer.algorithms.flow_grpo import (
 )
 from omnirl.trainer.algorithms.registry import (
     AlgorithmSpec,
+    build_loss,
     get_advantage,
     get_algorithm,
-    get_loss,
 )
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.algorithms.windows import window_buckets
@@ -66,6 +66,15 @@ _FALLBACKS: dict[str, Any] = {
     "old_decay_max": 0.5,
     "dpo_beta": 5000.0,  # Diffusion-DPO's inverse temperature
 }
+
+
+def needs_reference_pass(spec: AlgorithmSpec, loss: Any) -> bool:
+    """Whether ``loss`` (``spec``'s, from :func:`build_loss`) has a KL term to the reference
+    model, i.e. whether a step runs the reference pass. Needs no model, so a config can be
+    checked before one loads."""
+    if spec.needs_log_probs:
+        return REF_PREV_SAMPLE_MEAN in loss.needs()
+    return loss.needs_reference()  # forward-process losses (omnirl.trainer.forward_step)
 
 
 class TrainStepInputError(ValueError):
@@ -190,13 +199,8 @@ class TrainStep:
         self.config = (config or TrainStep.Config()).resolve(self.spec)
         cfg = self.config
         self.estimator = get_advantage(self.spec.advantage)
-        loss_cls = get_loss(self.spec.loss)
-        # Each loss's Config takes the TrainStep fields it declares (DPPO has no clip range).
-        loss_fields = {f.name for f in dataclasses.fields(loss_cls.Config)}
-        self.loss = loss_cls(
-            loss_cls.Config(**{n: getattr(cfg, n) for n in loss_fields if hasattr(cfg, n)})
-        )
-        self.needs_reference = REF_PREV_SAMPLE_MEAN in self.loss.needs()
+        self.loss = build_loss(self.spec, cfg)
+        self.needs_reference = needs_reference_pass(self.spec, self.loss)
         self.needs_prox_mean = PROX_PREV_SAMPLE_MEAN in self.loss.needs()
         self.params = trainable(adapter.trainable_parameters())
         self.device = self.params[0].device

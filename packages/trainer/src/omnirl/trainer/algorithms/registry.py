@@ -218,6 +218,16 @@ def get_loss(name: str) -> type:
     return _LOSSES.get(name)
 
 
+def build_loss(spec: AlgorithmSpec, config: Any) -> Any:
+    """``spec``'s registered loss; its ``Config`` takes the fields it declares from
+    ``config`` (a resolved ``TrainStep.Config``: DPPO's has no clip range, for example)."""
+    loss_cls = get_loss(spec.loss)
+    declared = {f.name for f in dataclasses.fields(loss_cls.Config)}
+    return loss_cls(
+        loss_cls.Config(**{n: getattr(config, n) for n in declared if hasattr(config, n)})
+    )
+
+
 def known_algorithms() -> list[str]:
     return _ALGORITHMS.names()
 
