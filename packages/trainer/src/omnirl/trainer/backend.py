@@ -88,8 +88,12 @@ class AdapterBackend:
 
         from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import architecture_of, get_training_adapter
-        from omnirl.trainer.algorithms.registry import build_loss, get_algorithm
-        from omnirl.trainer.step import TrainStep, needs_reference_pass
+        from omnirl.trainer.algorithms.registry import (
+            build_loss,
+            get_algorithm,
+            needs_reference_pass,
+        )
+        from omnirl.trainer.step import TrainStep
 
         self.model_path = str(cfg.model.path)
         self.architecture = architecture_of(self.model_path)

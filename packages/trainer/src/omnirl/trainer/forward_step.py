@@ -40,7 +40,12 @@ from omnirl.protocol.messages import DiffusionTrajectoryGroup
 from omnirl.trainer.algorithms.diffusion_dpo import DPOLossInputs, preference_pair
 from omnirl.trainer.algorithms.diffusion_nft import NFTLossInputs, old_policy_decay
 from omnirl.trainer.algorithms.flow_grpo import LossOutput
-from omnirl.trainer.algorithms.registry import AlgorithmSpec, build_loss, get_advantage
+from omnirl.trainer.algorithms.registry import (
+    AlgorithmSpec,
+    build_loss,
+    get_advantage,
+    needs_reference_pass,
+)
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.ema import EMA
 from omnirl.trainer.optim import OptimConfig, build_adamw, set_lr, trainable
@@ -55,7 +60,7 @@ class ForwardProcessStep:
         algorithm: AlgorithmSpec,
         config: Any = None,
     ) -> None:
-        from omnirl.trainer.step import TrainStep, needs_reference_pass
+        from omnirl.trainer.step import TrainStep
 
         self.adapter = adapter
         self.spec = algorithm

@@ -32,7 +32,6 @@ from omnirl.models.transitions import TransitionBatch, TransitionBatchError, col
 from omnirl.protocol.messages import DiffusionTrajectoryGroup
 from omnirl.trainer.algorithms.flow_grpo import (
     PROX_PREV_SAMPLE_MEAN,
-    REF_PREV_SAMPLE_MEAN,
     LossInputs,
 )
 from omnirl.trainer.algorithms.registry import (
@@ -40,6 +39,7 @@ from omnirl.trainer.algorithms.registry import (
     build_loss,
     get_advantage,
     get_algorithm,
+    needs_reference_pass,
 )
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.algorithms.windows import window_buckets
@@ -66,15 +66,6 @@ _FALLBACKS: dict[str, Any] = {
     "old_decay_max": 0.5,
     "dpo_beta": 5000.0,  # Diffusion-DPO's inverse temperature
 }
-
-
-def needs_reference_pass(spec: AlgorithmSpec, loss: Any) -> bool:
-    """Whether ``loss`` (``spec``'s, from :func:`build_loss`) has a KL term to the reference
-    model, i.e. whether a step runs the reference pass. Needs no model, so a config can be
-    checked before one loads."""
-    if spec.needs_log_probs:
-        return REF_PREV_SAMPLE_MEAN in loss.needs()
-    return loss.needs_reference()  # forward-process losses (omnirl.trainer.forward_step)
 
 
 class TrainStepInputError(ValueError):

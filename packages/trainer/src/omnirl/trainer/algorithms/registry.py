@@ -228,6 +228,17 @@ def build_loss(spec: AlgorithmSpec, config: Any) -> Any:
     )
 
 
+def needs_reference_pass(spec: AlgorithmSpec, loss: Any) -> bool:
+    """Whether ``loss`` (``spec``'s, from :func:`build_loss`) has a KL term to the reference
+    model, i.e. whether a step runs the reference pass. Needs no model, so a config can be
+    checked before one loads."""
+    if not spec.needs_log_probs:  # forward-process losses (omnirl.trainer.forward_step)
+        return loss.needs_reference()
+    from omnirl.trainer.algorithms.flow_grpo import REF_PREV_SAMPLE_MEAN
+
+    return REF_PREV_SAMPLE_MEAN in loss.needs()
+
+
 def known_algorithms() -> list[str]:
     return _ALGORITHMS.names()
 
