@@ -273,3 +273,33 @@ def test_float8_training_is_refused_for_a_full_fine_tune(tiny_sd3_path, test_dev
     train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path, device=test_device)
     with pytest.raises(Float8Error, match="needs a LoRA run"):
         train.enable_float8()
+
+
+def test_static_scales_survive_a_checkpoint(tiny_sd3_path, test_device, groups, tmp_path):
+    from omnirl.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    options = Float8Training(activation="static", input_grad="model_dtype")
+    config = TrainStep.Config(kl_beta=0.01, micro_batch_size=1)
+    train = _trainer(tiny_sd3_path, test_device, float8=options)
+    step = TrainStep(train, "flow_grpo", config)
+    step.step(_rewarded(groups), policy_version=0)
+    path = save_checkpoint(tmp_path, 1, state={}, adapter=train, train_step=step)
+
+    resumed = _trainer(tiny_sd3_path, test_device, float8=options)
+    resumed_step = TrainStep(resumed, "flow_grpo", config)
+    load_checkpoint(path, adapter=resumed, train_step=resumed_step)
+    assert not resumed.float8_needs_calibration()  # no calibration pass on resume
+    pairs = zip(float8_layers(train.transformer), float8_layers(resumed.transformer), strict=True)
+    layers = list(pairs)
+    assert any(a.activation == "static" for a, _ in layers)
+    for a, b in layers:
+        assert a.activation == b.activation and a.calibrated_amax == b.calibrated_amax
+        assert torch.equal(a.input_scale, b.input_scale)
+    # the next update is the uninterrupted run's
+    m, m_resumed = (s.step(_rewarded(groups), policy_version=1) for s in (step, resumed_step))
+    assert m["loss"] == m_resumed["loss"] and m["grad_norm"] == m_resumed["grad_norm"]
+
+    # a row-wise run resumed from it keeps its own scaling
+    rowwise = _trainer(tiny_sd3_path, test_device, float8=Float8Training())
+    load_checkpoint(path, adapter=rowwise, train_step=TrainStep(rowwise, "flow_grpo", config))
+    assert all(layer.activation == "rowwise" for layer in float8_layers(rowwise.transformer))

@@ -260,6 +260,15 @@ class DiffusionTrainingAdapter(abc.ABC):
         calibrate (0: no static float8 layers)."""
         return 0
 
+    def float8_state(self) -> dict[str, Any] | None:
+        """The calibrated static float8 scales, for a checkpoint (``None``: none to keep)."""
+        return None
+
+    def load_float8_state(self, state: dict[str, Any]) -> int:
+        """Put :meth:`float8_state`'s ``state`` back; returns how many layers took a scale
+        (0: this trainer runs no static float8 layers, and calibrates its own if it does)."""
+        return 0
+
     def on_update(self, num_updates: int) -> None:
         """Called after each optimiser update (``num_updates`` so far); by default nothing."""
         return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -87,6 +89,50 @@ def _growth_summary(growth: list[float], margin: float) -> str:
         f"(median {sorted(growth)[len(growth) // 2]:.2f}x)"
         + (f", {beyond} layers beyond the margin: they had been saturating" if beyond else "")
     )
+
+
+def float8_scales(module: nn.Module) -> dict[str, Any] | None:
+    """The calibrated static scales of ``module``'s float8 layers, for a checkpoint: per layer
+    (:func:`float8_layers` order) its scaling (a static layer that calibration never reached
+    went back to ``"rowwise"``), its ``input_scale`` and the amax it was calibrated on.
+    ``None`` when no layer is static or one still waits for its calibration: a resumed run
+    then calibrates at its first step, as this one would have."""
+    layers = float8_layers(module)
+    if not any(layer.activation == "static" for layer in layers):
+        return None
+    if needs_float8_calibration(module):
+        return None
+    amax = [
+        math.nan if layer.calibrated_amax is None else layer.calibrated_amax for layer in layers
+    ]
+    return {
+        "activation": [layer.activation for layer in layers],
+        "input_scale": torch.stack(
+            [layer.input_scale.reshape(()).float().cpu() for layer in layers]
+        ),
+        "amax": torch.tensor(amax, dtype=torch.float64),
+    }
+
+
+@torch.no_grad()
+def load_float8_scales(module: nn.Module, state: dict[str, Any]) -> int:
+    """Put :func:`float8_scales`' ``state`` back into the same model's float8 layers: they
+    quantise as they did when it was taken and calibrate again only when asked. Returns how
+    many layers are static; raises :class:`Float8Error` if the layer count differs."""
+    layers = float8_layers(module)
+    kinds = list(state["activation"])
+    if len(kinds) != len(layers):
+        raise Float8Error(
+            f"the float8 scales are for {len(kinds)} layers, this model has {len(layers)}"
+        )
+    rows = zip(layers, kinds, state["input_scale"], state["amax"].tolist(), strict=True)
+    for layer, kind, scale, amax in rows:
+        layer.configure(activation=kind, fast_accum=layer.fast_accum)
+        if kind == "static":
+            layer.input_scale.copy_(scale.reshape(1, 1))
+            layer.calibrated = True
+            layer.calibrated_amax = None if math.isnan(amax) else amax
+    return kinds.count("static")
 
 
 def set_float8_active(module: nn.Module, active: bool) -> int:

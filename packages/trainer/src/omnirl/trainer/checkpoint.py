@@ -9,7 +9,8 @@ Layout of ``<checkpoint dir>/step_XXXXXXXX/``::
                           swapped in (only when the EMA is on: ``ema_decay``)
     trainable.safetensors every trainable parameter, in trainable_parameters() order
                           (what resume copies back; independent of naming schemes)
-    train_step.pt         TrainStep.state_dict(): optimiser, EMA, algorithm state
+    train_step.pt         TrainStep.state_dict(): optimiser, EMA, algorithm state, static
+                          float8 scales (a resumed float8 trainer does not recalibrate)
     state.pt              version, step, data-loader state, ledger, RNG states
     config.yaml           the resolved config of the run
 

@@ -252,6 +252,7 @@ class TrainStep:
             "generator": self.generator.get_state(),
             "num_updates": self.num_updates,
             "algorithm": self.spec.name,
+            "float8": self.adapter.float8_state(),  # static scales: resume without calibrating
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -267,6 +268,8 @@ class TrainStep:
             self.ema.load_state_dict(state["ema"])
         self.generator.set_state(state["generator"])
         self.num_updates = int(state["num_updates"])
+        if state.get("float8") is not None:
+            self.adapter.load_float8_state(state["float8"])
 
     # ---------------------------------------------------------------------------- private
 

@@ -28,6 +28,8 @@ from omnirl.models.float8 import (
 from omnirl.models.float8_static import (
     float8_active,
     float8_calibration,
+    float8_scales,
+    load_float8_scales,
     needs_float8_calibration,
     request_float8_calibration,
     set_float8_active,
@@ -156,6 +158,16 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
 
     def recalibrate_float8(self) -> int:
         return request_float8_calibration(self.transformer) if self.float8 is not None else 0
+
+    def float8_state(self) -> dict[str, Any] | None:
+        return float8_scales(self.transformer) if self.float8 is not None else None
+
+    def load_float8_state(self, state: dict[str, Any]) -> int:
+        """The checkpoint's scales when this run's layers are static too (the config's
+        scaling wins: a row-wise run ignores them)."""
+        if self.float8 is None or self.float8.activation != "static":
+            return 0
+        return load_float8_scales(self.transformer, state)
 
     def on_update(self, num_updates: int) -> None:
         """Static float8 scales calibrate again every ``recalibrate_every`` updates: the LoRA
