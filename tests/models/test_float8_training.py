@@ -297,7 +297,8 @@ def test_static_scales_survive_a_checkpoint(tiny_sd3_path, test_device, groups, 
         assert torch.equal(a.input_scale, b.input_scale)
     # the next update is the uninterrupted run's
     m, m_resumed = (s.step(_rewarded(groups), policy_version=1) for s in (step, resumed_step))
-    assert m["loss"] == m_resumed["loss"] and m["grad_norm"] == m_resumed["grad_norm"]
+    for key in ("loss", "grad_norm"):  # approx: a GPU's backward may reduce in another order
+        assert m_resumed[key] == pytest.approx(m[key], rel=1e-6, abs=1e-12), key
 
     # a row-wise run resumed from it keeps its own scaling
     rowwise = _trainer(tiny_sd3_path, test_device, float8=Float8Training())
