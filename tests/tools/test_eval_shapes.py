@@ -108,6 +108,22 @@ def test_bootstrap_interval_brackets_the_mean():
     assert lo < 0.3 < hi and lo > 0.18 and hi < 0.42
 
 
+def test_cluster_bootstrap_moves_repeated_prompts_together():
+    from omnirl.tools.eval_shapes import bootstrap_ci, cluster_bootstrap_ci
+
+    rng = np.random.default_rng(1)
+    values = rng.random(40)
+    # one line per prompt: the same draws as the line bootstrap
+    assert cluster_bootstrap_ci(values, list(range(40))) == bootstrap_ci(values)
+    # two prompts, 50 lines each, one always passing: the lines alone look certain, the
+    # prompts span everything from one prompt's mean to the other's
+    values = np.array([1.0] * 50 + [0.0] * 50)
+    clusters = ["a"] * 50 + ["b"] * 50
+    lo, hi = bootstrap_ci(values)
+    assert 0.35 < lo < hi < 0.65
+    assert cluster_bootstrap_ci(values, clusters) == (0.0, 1.0)
+
+
 def test_shapes_eval_reward_prefers_the_correct_render():
     from omnirl.reward.scorers import ScoreBatch, build_reward
 
@@ -202,6 +218,9 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     rows = json.loads((run / "curve" / "curve.json").read_text())
     assert [(r["step"], r["minutes"]) for r in rows] == [(0, 0.0), (2, 1.0)]
     assert "gain_vs_base" in rows[1] and set(rows[1]["categories"]) <= set(rows[0]["categories"])
+    gain = rows[1]["gain_vs_base"]["overall"]
+    assert gain["prompts"] == 3 and gain["distinct"] == len(set(specs))
+    assert gain["ci95_distinct"][0] <= gain["gain"] <= gain["ci95_distinct"][1]
     for name in ("curve.png", "before_after.png"):
         assert (run / "curve" / name).stat().st_size > 1000
     assert {(r["num_steps"], r["guidance_scale"]) for r in rows} == {(2, 3.0)}

@@ -148,6 +148,25 @@ def bootstrap_ci(values: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
+def cluster_bootstrap_ci(
+    values: np.ndarray, clusters: list[Any], *, seed: int = 0
+) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of the mean of ``values`` ``[P]`` resampling whole
+    clusters (``clusters[i]``: line ``i``'s distinct prompt; its lines move together): the
+    interval for other prompts of this kind, where :func:`bootstrap_ci`'s is for these lines.
+    With a handful of distinct prompts it is as rough as that handful."""
+    if len(values) == 0:
+        return (float("nan"), float("nan"))
+    ids: dict[Any, int] = {}
+    inverse = np.array([ids.setdefault(c, len(ids)) for c in clusters])
+    sums = np.bincount(inverse, weights=values, minlength=len(ids))
+    counts = np.bincount(inverse, minlength=len(ids))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(ids), size=(BOOTSTRAP_RESAMPLES, len(ids)))
+    means = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
 def summarise(run: EvalRun) -> dict[str, Any]:
     """``{"overall": {...}, "categories": {cat: {...}}}``; each entry holds ``strict``,
     ``ci95`` (bootstrap over prompts), ``partial``, ``prompts`` (lines), ``distinct`` (different

@@ -34,6 +34,7 @@ from omnirl.tools.eval_shapes import (
     EvalRun,
     apply_policy,
     bootstrap_ci,
+    cluster_bootstrap_ci,
     evaluate,
     format_table,
     load_adapter,
@@ -57,13 +58,22 @@ def checkpoint_minutes(run_dir: Path) -> dict[int, float]:
 def paired_gain(before: EvalRun, after: EvalRun) -> dict[str, Any]:
     """Strict accuracy of ``after`` minus ``before`` on the same prompts and seeds, with a
     95 % bootstrap interval over prompts of the per-prompt differences (paired), overall and
-    per category."""
+    per category: ``ci95`` resamples the lines (this file's prompts), ``ci95_distinct`` the
+    distinct prompts (lines repeating one prompt together: the gain on other prompts of
+    these kinds)."""
     diff = after.strict.mean(axis=1) - before.strict.mean(axis=1)  # [P]
     cats = np.array([s.category for s in before.specs])
 
     def entry(mask: np.ndarray) -> dict[str, Any]:
         lo, hi = bootstrap_ci(diff[mask])
-        return {"gain": float(diff[mask].mean()), "ci95": [lo, hi], "prompts": int(mask.sum())}
+        specs = [before.specs[i] for i in np.flatnonzero(mask)]
+        return {
+            "gain": float(diff[mask].mean()),
+            "ci95": [lo, hi],
+            "ci95_distinct": list(cluster_bootstrap_ci(diff[mask], specs)),
+            "prompts": int(mask.sum()),
+            "distinct": len(set(specs)),
+        }
 
     return {
         "overall": entry(np.ones(len(diff), dtype=bool)),
@@ -210,10 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     g = last["gain_vs_base"]["overall"]
     print(
         f"gain of the last checkpoint: {g['gain']:+.3f}, 95% CI [{g['ci95'][0]:+.3f}, "
-        f"{g['ci95'][1]:+.3f}] (paired bootstrap over prompts)"
+        f"{g['ci95'][1]:+.3f}] (paired bootstrap over prompts); over the {g['distinct']} "
+        f"distinct prompts [{g['ci95_distinct'][0]:+.3f}, {g['ci95_distinct'][1]:+.3f}]"
     )
     for cat, e in last["gain_vs_base"]["categories"].items():
-        print(f"  {cat:<14} {e['gain']:+.3f}  [{e['ci95'][0]:+.3f}, {e['ci95'][1]:+.3f}]")
+        print(
+            f"  {cat:<14} {e['gain']:+.3f}  [{e['ci95'][0]:+.3f}, {e['ci95'][1]:+.3f}]  "
+            f"distinct ({e['distinct']}) [{e['ci95_distinct'][0]:+.3f}, "
+            f"{e['ci95_distinct'][1]:+.3f}]"
+        )
     title = (
         f"{config['run']['name']}: held-out strict {base['overall']['strict']:.3f} -> "
         f"{last['overall']['strict']:.3f} ({gain:+.3f}), {len(specs)} prompts x {args.seeds} seeds"
