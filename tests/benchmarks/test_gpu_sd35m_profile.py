@@ -2,21 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_sd35m_profile.py"
-
-
-@functools.cache
-def _script():
-    spec = importlib.util.spec_from_file_location("gpu_sd35m_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -39,5 +25,5 @@ def _script():
         ("aten::mul", "other"),
     ],
 )
-def test_kernels_are_sorted_by_name(name, kind):
-    assert _script().kind_of(name) == kind
+def test_kernels_are_sorted_by_name(benchmark_script, name, kind):
+    assert benchmark_script("gpu_sd35m_profile").kind_of(name) == kind

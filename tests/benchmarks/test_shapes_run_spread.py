@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,17 +16,9 @@ SCRIPT = ROOT / "benchmarks" / "shapes_run_spread.py"
 CATS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 
 
-@functools.cache
-def _script():
-    """The script as a module, loaded once from its file (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("shapes_run_spread", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _spread(gains):
-    return _script().spread(gains)
+@pytest.fixture
+def spread(benchmark_script):
+    return benchmark_script("shapes_run_spread").spread
 
 
 def _curve(folder: Path, gains: dict[str, float]) -> Path:
@@ -50,11 +40,11 @@ def _curve(folder: Path, gains: dict[str, float]) -> Path:
     return folder
 
 
-def test_one_moving_category_carries_all_of_the_spread():
+def test_one_moving_category_carries_all_of_the_spread(spread):
     gains = [{c: 0.2 for c in CATS} | {"two_object": g} for g in (0.1, 0.4, 0.7)]
     for g in gains:
         g["overall"] = float(np.mean([g[c] for c in CATS]))
-    stats = _spread(gains)
+    stats = spread(gains)
     assert stats["two_object"]["share"] == pytest.approx(1.0)
     assert stats["counting"]["share"] == pytest.approx(0.0)
     assert stats["two_object"]["sd"] == pytest.approx(0.3)
@@ -62,7 +52,7 @@ def test_one_moving_category_carries_all_of_the_spread():
     assert stats["two_object"]["mean"] == pytest.approx(0.4)
 
 
-def test_shares_add_to_one_and_co_movement_is_shared():
+def test_shares_add_to_one_and_co_movement_is_shared(spread):
     rng = np.random.default_rng(0)
     gains = []
     for _ in range(8):
@@ -70,7 +60,7 @@ def test_shares_add_to_one_and_co_movement_is_shared():
         g = {c: 0.2 + 0.05 * common + 0.02 * rng.normal() for c in CATS}
         g["overall"] = float(np.mean(list(g.values())))
         gains.append(g)
-    shares = [_spread(gains)[c]["share"] for c in CATS]
+    shares = [spread(gains)[c]["share"] for c in CATS]
     assert sum(shares) == pytest.approx(1.0)
     assert all(0.05 < s < 0.35 for s in shares)  # each category moves with the others
 
