@@ -113,8 +113,11 @@ def test_cluster_bootstrap_moves_repeated_prompts_together():
 
     rng = np.random.default_rng(1)
     values = rng.random(40)
-    # one line per prompt: the same draws as the line bootstrap
-    assert cluster_bootstrap_ci(values, list(range(40))) == bootstrap_ci(values)
+    # one line per prompt: the plain bootstrap of the lines' mean
+    means = values[np.random.default_rng(0).integers(0, 40, size=(2000, 40))].mean(axis=1)
+    expected = (float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
+    assert cluster_bootstrap_ci(values, list(range(40))) == pytest.approx(expected, abs=1e-12)
+    assert bootstrap_ci(values) == pytest.approx(expected, abs=1e-12)
     # two prompts, 50 lines each, one always passing: the lines alone look certain, the
     # prompts span everything from one prompt's mean to the other's
     values = np.array([1.0] * 50 + [0.0] * 50)

@@ -139,13 +139,9 @@ def sample_specs(
 
 
 def bootstrap_ci(values: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of the mean of ``values`` ``[P]`` (one per prompt)."""
-    if len(values) == 0:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))
-    means = values[idx].mean(axis=1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    """95 % percentile bootstrap interval of the mean of ``values`` ``[P]`` (one per prompt
+    line, each resampled on its own)."""
+    return cluster_bootstrap_ci(values, list(range(len(values))), seed=seed)
 
 
 def cluster_bootstrap_ci(
