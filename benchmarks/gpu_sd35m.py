@@ -430,7 +430,8 @@ def run(args) -> Report:
         images=s.images,
         side=s.side,
         text_len=s.text_len,
-        micro=s.micro,
+        micro=s.micro,  # the baseline's
+        omnirl_micro=args.micro or s.micro,
         lora_r=s.lora_r,
     )
     bench.budget = budget = Budget(args.budget_s, 1 / 20 if args.tiny else 1.0)
