@@ -35,6 +35,20 @@ def synchronize(device: torch.device | str) -> None:
         torch.accelerator.synchronize(device)
 
 
+def empty_cache(device: torch.device | str) -> None:
+    """Return the caching allocator's free blocks on ``device`` to the driver, so that another
+    process on the same GPU (a rollout worker beside the trainer) can have them; nothing on a
+    CPU."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    empty = getattr(torch.accelerator, "empty_cache", None)  # torch >= 2.9
+    if empty is not None:
+        empty()
+    elif device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def model_autocast(device_type: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """Autocast to ``dtype`` for a half-precision model on ``device_type``; a no-op for
     float32 models. On a CPU the attention itself runs in float32 (:class:`Float32Attention`)."""

@@ -124,6 +124,7 @@ class AdapterBackend:
         dtype = resolve_dtype(cfg.run.dtype)
         self.dist_info = dist_info
         device = dist_info.device if dist_info is not None else cfg.run.device
+        self.device = torch.device(device)
         self.adapter = adapter_cls.from_pretrained(
             self.model_path,
             device=device,
@@ -189,3 +190,13 @@ class AdapterBackend:
         self, groups: list[Any], *, policy_version: int, lr_scale: float = 1.0
     ) -> dict[str, float]:
         return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+
+    def release_memory(self) -> None:
+        """After a failed step (the server has dropped its references): collect what is left
+        of it and hand the device's cached blocks back."""
+        import gc
+
+        from omnirl.models.device import empty_cache
+
+        gc.collect()
+        empty_cache(self.device)

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -361,23 +362,44 @@ class TrainerServer(FleetControl):
             self.step, train.lr_warmup_steps
         )
 
+    def _step_failed(self, future: Future, batch: list[Any]) -> None:
+        """Log a failed step, issue its groups again and free what it held; stop after
+        ``MAX_STEP_FAILURES`` in a row."""
+        err = future.exception()
+        log.error(
+            "optimisation step %d failed; its groups will be issued again",
+            self.step + 1,
+            exc_info=err,
+        )
+        # The traceback's frames still hold the step's tensors (activations, the autograd
+        # graph) until a cyclic collection: free them now, or after an out-of-memory error
+        # the retry finds that memory still taken and fails as well.
+        traceback.clear_frames(err.__traceback__)
+        if type(err).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
+            log.error(
+                "the step ran out of device memory: lower algorithm.overrides.micro_batch_size "
+                "or set train.gradient_checkpointing=true (a rollout worker on the same GPU "
+                "takes its share too)"
+            )
+        del err, future
+        release = getattr(self.backend, "release_memory", None)  # test backends have none
+        if release is not None:
+            release()
+        self.counters["step_failures"] = self.counters.get("step_failures", 0) + 1
+        self.ledger.requeue_accepted([g.group_id for g in batch])
+        self._failures_in_a_row += 1
+        if self._failures_in_a_row >= MAX_STEP_FAILURES:
+            log.error("%d optimisation steps in a row failed; stopping", MAX_STEP_FAILURES)
+            self.exit_code = 1
+            self.request_stop()
+
     def _finish_step(self) -> None:
         future, self._future = self._future, None
         batch = self._batch
-        try:
-            metrics = dict(future.result())
-        except Exception:
-            log.exception(
-                "optimisation step %d failed; its groups will be issued again", self.step + 1
-            )
-            self.counters["step_failures"] = self.counters.get("step_failures", 0) + 1
-            self.ledger.requeue_accepted([g.group_id for g in batch])
-            self._failures_in_a_row += 1
-            if self._failures_in_a_row >= MAX_STEP_FAILURES:
-                log.error("%d optimisation steps in a row failed; stopping", MAX_STEP_FAILURES)
-                self.exit_code = 1
-                self.request_stop()
+        if future.exception() is not None:
+            self._step_failed(future, batch)
             return
+        metrics = dict(future.result())
         self._failures_in_a_row = 0
         step_s = time.perf_counter() - self._step_started
         self.ledger.mark_trained([g.group_id for g in batch])
