@@ -155,6 +155,7 @@ class TrainConfig:
     # KL (docs/benchmarks.md, "GPU, seventh" to "eleventh session"): row-wise 5 % slower
     # than bf16; static 11 % faster (float8 input gradient), 8 % (model_dtype); static 13 %
     # with micro_batch_size 16, where at 8 the host's kernel launches can hold it to 2 %
+    # (16 needs more memory than an 80 GB card leaves beside a rollout worker: "twelfth")
     float8: bool = False
     float8_fast_accum: bool = False
     float8_activation: str = "rowwise"
