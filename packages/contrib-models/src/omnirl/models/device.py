@@ -42,9 +42,9 @@ def empty_cache(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cpu":
         return
-    empty = getattr(torch.accelerator, "empty_cache", None)  # torch >= 2.9
-    if empty is not None:
-        empty()
+    memory = getattr(torch.accelerator, "memory", None)  # newer torch; else torch.cuda's
+    if memory is not None and hasattr(memory, "empty_cache"):
+        memory.empty_cache()
     elif device.type == "cuda":
         torch.cuda.empty_cache()
 
