@@ -189,7 +189,19 @@ class AdapterBackend:
     def step(
         self, groups: list[Any], *, policy_version: int, lr_scale: float = 1.0
     ) -> dict[str, float]:
-        return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+        """One optimisation step; in one process a step that runs out of device memory is
+        tried again at half the micro-batch (:mod:`omnirl.trainer.memory_fallback`)."""
+        if self.dist_info is not None and self.dist_info.world_size > 1:
+            return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+        from omnirl.trainer.memory_fallback import step_with_memory_fallback
+
+        return step_with_memory_fallback(
+            self.train_step,
+            groups,
+            policy_version=policy_version,
+            lr_scale=lr_scale,
+            release=self.release_memory,
+        )
 
     def release_memory(self) -> None:
         """After a failed step (the server has dropped its references): collect what is left

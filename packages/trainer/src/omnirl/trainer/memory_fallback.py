@@ -1,0 +1,70 @@
+"""A training step that ran out of device memory, retried at half the micro-batch.
+
+Micro-batches only split the sum behind the gradient: the update of a step is the same,
+up to rounding, at any micro-batch size. So halving it trades speed for memory without
+changing what is learned. A trainer that shares its GPU with a rollout worker sees the
+worker's memory move from lease to lease; this keeps it training (SD3.5-M at micro-batch 16
+beside a rollout worker on one 80 GB card ran out of memory and stopped the run:
+``docs/benchmarks.md``, "GPU, twelfth session").
+
+A step is retried only when none of it was applied (no optimiser update happened before the
+error: a second try would otherwise apply part of it twice) and only in one process (under
+``torchrun`` one rank's retry would leave the others waiting in a collective; the run stops
+there as before). The smaller size stays for the rest of the run, logged, and reported in
+the metrics as ``micro_batch_size`` and ``micro_batch_fallbacks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger("omnirl.trainer")
+
+
+def _rows_of(groups: Sequence[Any]) -> int:
+    return sum(len(g.rewards.total) for g in groups)
+
+
+def step_with_memory_fallback(
+    train_step: Any,
+    groups: Sequence[Any],
+    *,
+    policy_version: int,
+    lr_scale: float,
+    release: Callable[[], None],
+) -> dict[str, float]:
+    """``train_step.step(groups, ...)``, retried at half the micro-batch after an
+    out-of-memory error that left the weights untouched, down to one sample; ``release``
+    frees the device's cached memory between tries. Any other error, and an out-of-memory
+    error that cannot be retried, propagates unchanged."""
+    fallbacks = 0
+    while True:
+        updates_before = train_step.num_updates
+        try:
+            metrics = train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+            break
+        except torch.OutOfMemoryError as err:
+            tried = train_step.config.micro_batch_size or _rows_of(groups)
+            if train_step.num_updates != updates_before or tried <= 1:
+                raise
+            # the frames of the failed try hold its activations: free them before the next
+            traceback.clear_frames(err.__traceback__)
+        release()
+        train_step.config.micro_batch_size = tried // 2
+        fallbacks += 1
+        log.warning(
+            "the training step ran out of device memory at micro-batch %d; trying again at %d "
+            "for the rest of the run (algorithm.overrides.micro_batch_size=%d starts there)",
+            tried,
+            tried // 2,
+            tried // 2,
+        )
+    if fallbacks:
+        metrics["micro_batch_fallbacks"] = float(fallbacks)
+        metrics["micro_batch_size"] = float(train_step.config.micro_batch_size)
+    return metrics

@@ -1,0 +1,138 @@
+"""A step that runs out of device memory is tried again at half the micro-batch, and its
+update is the update the smaller micro-batch makes from the start.
+
+A CPU cannot run out of memory on cue, so the tiny SD3 trainer's gradient forward raises
+``torch.OutOfMemoryError`` (what a GPU raises) for micro-batches over a row limit, as a
+card with that much room would. Everything else is the real TrainStep.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from omnirl.models.registry import get_rollout_adapter, get_training_adapter
+from omnirl.protocol.messages import PromptSpec, Rewards, SamplingParams
+from omnirl.trainer.memory_fallback import step_with_memory_fallback
+from omnirl.trainer.step import TrainStep
+
+ARCH = "StableDiffusion3Pipeline"
+LORA = {"r": 4, "lora_alpha": 4}
+
+
+class RowLimit:
+    """The adapter's ``transition``, out of memory for a gradient pass over ``limit`` rows."""
+
+    def __init__(self, adapter, limit: int):
+        self.inner, self.limit = adapter.transition, limit
+        self.refused: list[int] = []
+
+    def __call__(self, batch, **kwargs):
+        rows = int(batch.latents.shape[0])
+        if torch.is_grad_enabled() and rows > self.limit:
+            self.refused.append(rows)
+            raise torch.OutOfMemoryError(f"CUDA out of memory ({rows} rows)")
+        return self.inner(batch, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_sd3_path):
+    torch.set_num_threads(1)
+    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path, device="cpu")
+    sampling = SamplingParams(
+        group_size=4,
+        num_steps=3,
+        guidance_scale=1.0,
+        height=32,
+        width=32,
+        sde_window=(1, 3),
+        seed=3,
+    )
+    prompts = [PromptSpec(group_id=f"g{i}", text=f"a photo of thing {i}") for i in range(2)]
+    out = rollout.sample(prompts, sampling, lease_id="l0", worker_id="w0", policy_version=0)
+    totals = ((0.0, 1.0, 0.5, 2.0), (2.0, 0.0, 1.0, 0.3))
+    return [
+        msgspec.structs.replace(g, rewards=Rewards(group_id=g.group_id, total=list(r)))
+        for g, r in zip(out, totals, strict=True)
+    ]
+
+
+def _step(path, **config):
+    torch.manual_seed(0)  # the same LoRA initialisation for every trainer
+    adapter = get_training_adapter(ARCH, "flow_grpo").from_pretrained(path, device="cpu", lora=LORA)
+    return TrainStep(adapter, "flow_grpo", TrainStep.Config(lr=1e-2, **config))
+
+
+def _lora(step):
+    return [p.detach().clone() for p in step.adapter.trainable_parameters()]
+
+
+def test_an_out_of_memory_step_is_retried_at_half_the_micro_batch(tiny_sd3_path, groups):
+    step = _step(tiny_sd3_path, micro_batch_size=8)
+    limit = step.adapter.transition = RowLimit(step.adapter, 2)
+    released = []
+    metrics = step_with_memory_fallback(
+        step, groups, policy_version=0, lr_scale=1.0, release=lambda: released.append(1)
+    )
+    assert limit.refused == [8, 4]  # 8 -> 4 -> 2
+    assert len(released) == 2
+    assert step.config.micro_batch_size == 2
+    assert metrics["micro_batch_fallbacks"] == 2 and metrics["micro_batch_size"] == 2
+    assert step.num_updates == 1  # one update, not one per try
+
+    direct = _step(tiny_sd3_path, micro_batch_size=2)
+    direct.step(groups, policy_version=0)
+    for got, want in zip(_lora(step), _lora(direct), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert any((p != 0).any() for p in _lora(step))
+
+    # the smaller size stays: the next step runs at 2 without a failure
+    metrics = step_with_memory_fallback(
+        step, groups, policy_version=1, lr_scale=1.0, release=lambda: released.append(1)
+    )
+    assert limit.refused == [8, 4] and "micro_batch_fallbacks" not in metrics
+
+
+def test_a_step_that_already_updated_the_weights_is_not_retried(tiny_sd3_path, groups):
+    # two minibatches of 4 rows: the first updates the weights, the second (of its 4 rows,
+    # arriving as one micro-batch of 4) runs out of memory; a retry would apply the first
+    # update twice, so the error propagates
+    step = _step(tiny_sd3_path, micro_batch_size=4, num_minibatches=2)
+    inner = step.adapter.transition
+    calls = {"n": 0}
+
+    def second_minibatch_fails(batch, **kwargs):
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] > 2:  # the first minibatch's two timesteps went through
+                raise torch.OutOfMemoryError("CUDA out of memory")
+        return inner(batch, **kwargs)
+
+    step.adapter.transition = second_minibatch_fails
+    with pytest.raises(torch.OutOfMemoryError):
+        step_with_memory_fallback(
+            step, groups, policy_version=0, lr_scale=1.0, release=lambda: None
+        )
+    assert step.num_updates == 1 and step.config.micro_batch_size == 4
+
+
+def test_other_errors_and_a_single_row_are_not_retried(tiny_sd3_path, groups):
+    step = _step(tiny_sd3_path, micro_batch_size=1)
+    step.adapter.transition = RowLimit(step.adapter, 0)
+    with pytest.raises(torch.OutOfMemoryError):
+        step_with_memory_fallback(
+            step, groups, policy_version=0, lr_scale=1.0, release=lambda: None
+        )
+
+    step = _step(tiny_sd3_path, micro_batch_size=8)
+
+    def broken(batch, **kwargs):
+        raise ValueError("not a memory error")
+
+    step.adapter.transition = broken
+    with pytest.raises(ValueError, match="not a memory error"):
+        step_with_memory_fallback(
+            step, groups, policy_version=0, lr_scale=1.0, release=lambda: None
+        )
+    assert step.config.micro_batch_size == 8
