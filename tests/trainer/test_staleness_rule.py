@@ -10,15 +10,11 @@ How each algorithm's step treats a stale group is tested beside the algorithm:
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from omnirl.trainer.config import load_config
-from omnirl.trainer.server import TrainerServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
 
@@ -47,43 +43,28 @@ class Group:
     policy_version: int
 
 
-def test_the_server_trains_groups_max_staleness_old_and_reissues_older_ones(tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(6)))
-    cfg = load_config(
-        None,
-        [
-            "model.path=unused",
-            f"data.prompts={prompts}",
-            f"run.output_dir={tmp_path / 'run'}",
-            "train.groups_per_step=2",
-            "train.max_staleness=1",
-        ],
-    )
+def test_the_server_trains_groups_max_staleness_old_and_reissues_older_ones(null_server):
     backend = KeepBackend()
-    server = TrainerServer(cfg, backend)
-    try:
-        led = server.ledger
-        led.heartbeat("w", 0.0)
-        lease = led.issue("w", 3, 0.0, policy_version=0, fresh=server.prompts.next)
-        ids = [p.group_id for p in lease.prompts]
-        versions = (0, 1, 1)
-        for gid, v in zip(ids, versions, strict=True):  # all within K = 1 of version 1
-            assert type(led.accept(gid, lease.lease_id, v, 1)).__name__ == "Accepted"
-        server.buffer = [Group(gid, v) for gid, v in zip(ids, versions, strict=True)]
-        server.version = 2  # the trainer moved on while they waited in the buffer
-        server._maybe_start_step()
-        server._future.result(timeout=10)
-        # staleness 1 == K: trained; staleness 2 > K: counted and issued again
-        assert backend.batches == [(ids[1:], 2)]
-        assert led.counters["groups_stale_at_step"] == 1
-        assert list(led.pending) == [ids[0]]
-        # arriving two versions old at intake: refused and issued again as well
-        lease2 = led.issue("w", 1, 0.0, policy_version=0, fresh=server.prompts.next)
-        stale = led.accept(lease2.prompts[0].group_id, lease2.lease_id, 0, 2)
-        assert type(stale).__name__ == "Stale" and stale.staleness == 2
-    finally:
-        server._executor.shutdown(wait=True)
+    server = null_server(backend, "train.max_staleness=1")
+    led = server.ledger
+    led.heartbeat("w", 0.0)
+    lease = led.issue("w", 3, 0.0, policy_version=0, fresh=server.prompts.next)
+    ids = [p.group_id for p in lease.prompts]
+    versions = (0, 1, 1)
+    for gid, v in zip(ids, versions, strict=True):  # all within K = 1 of version 1
+        assert type(led.accept(gid, lease.lease_id, v, 1)).__name__ == "Accepted"
+    server.buffer = [Group(gid, v) for gid, v in zip(ids, versions, strict=True)]
+    server.version = 2  # the trainer moved on while they waited in the buffer
+    server._maybe_start_step()
+    server._future.result(timeout=10)
+    # staleness 1 == K: trained; staleness 2 > K: counted and issued again
+    assert backend.batches == [(ids[1:], 2)]
+    assert led.counters["groups_stale_at_step"] == 1
+    assert list(led.pending) == [ids[0]]
+    # arriving two versions old at intake: refused and issued again as well
+    lease2 = led.issue("w", 1, 0.0, policy_version=0, fresh=server.prompts.next)
+    stale = led.accept(lease2.prompts[0].group_id, lease2.lease_id, 0, 2)
+    assert type(stale).__name__ == "Stale" and stale.staleness == 2
 
 
 def _stale_table() -> dict[str, str]:

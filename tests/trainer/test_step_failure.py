@@ -12,14 +12,12 @@ watched through weak references, with the cyclic collector off.
 from __future__ import annotations
 
 import gc
-import json
 import weakref
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from omnirl.trainer.config import load_config
 from omnirl.trainer.server import MAX_STEP_FAILURES, TrainerServer
 
 
@@ -59,21 +57,6 @@ class FailingBackend:
         return {"loss": float(activations.detach().sum())}
 
 
-def _server(tmp_path, backend) -> TrainerServer:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(8)))
-    cfg = load_config(
-        None,
-        [
-            "model.path=unused",
-            f"data.prompts={prompts}",
-            f"run.output_dir={tmp_path / 'run'}",
-            "train.groups_per_step=2",
-        ],
-    )
-    return TrainerServer(cfg, backend)
-
-
 def _fill_and_step(server: TrainerServer) -> list[str]:
     """Accept two groups of a fresh lease into the buffer and run one step to its end."""
     led = server.ledger
@@ -101,9 +84,9 @@ def no_cyclic_gc():
         gc.enable()
 
 
-def test_a_failed_step_frees_its_tensors_and_issues_its_groups_again(tmp_path, no_cyclic_gc):
+def test_a_failed_step_frees_its_tensors_and_issues_its_groups_again(null_server, no_cyclic_gc):
     backend = FailingBackend(failures=1)
-    server = _server(tmp_path, backend)
+    server = null_server(backend)
     ids = _fill_and_step(server)
     assert backend.held[0]() is None, "the failed step's activations are still alive"
     assert backend.released == 1
@@ -113,9 +96,9 @@ def test_a_failed_step_frees_its_tensors_and_issues_its_groups_again(tmp_path, n
     assert server.exit_code == 0
 
 
-def test_only_max_step_failures_in_a_row_stop_the_run(tmp_path):
+def test_only_max_step_failures_in_a_row_stop_the_run(null_server):
     backend = FailingBackend(failures=MAX_STEP_FAILURES)
-    server = _server(tmp_path, backend)
+    server = null_server(backend)
     for _ in range(MAX_STEP_FAILURES - 1):
         _fill_and_step(server)
         assert server.exit_code == 0
