@@ -264,6 +264,12 @@ def summarize(args, out: Path, started: float) -> dict:
             logp_absdiff_mean=statistics.mean(m["behav_prox_logp_absdiff_mean"] for m in steady),
             logp_absdiff_max=max(m["behav_prox_logp_absdiff_max"] for m in steady),
         )
+    fallbacks = sum(m.get("micro_batch_fallbacks", 0) for m in steps)
+    if fallbacks:  # the trainer ran out of memory and went on at a smaller micro-batch
+        summary["micro_batch_fallbacks"] = fallbacks
+        summary["micro_batch_size"] = [m for m in steps if "micro_batch_size" in m][-1][
+            "micro_batch_size"
+        ]
     if steps:
         summary["first_step_elapsed_s"] = round(steps[0]["elapsed_s"], 1)
         summary["reward_first_last"] = [steps[0]["reward_mean"], steps[-1]["reward_mean"]]
@@ -336,11 +342,21 @@ def main(argv: list[str] | None = None) -> int:
         "train.float8_recalibrate_every (default: theirs)",
     )
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
+    p.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="only summarise the run already in --out (e.g. one cut short before its summary)",
+    )
     args = p.parse_args(argv)
     args.preset = "tiny" if args.tiny else "sd35m"
     args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
     started = time.time()
     out = args.out.resolve()
+    if args.summarize_only:
+        summary = summarize(args, out, started)
+        (out / "gpu_loop.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print("RESULT " + json.dumps(summary), flush=True)
+        return 0 if "images_per_s" in summary else 1
     out.mkdir(parents=True, exist_ok=True)
     model = (args.model_dir or out / "model").resolve()
     build_device = args.device if torch.device(args.device).type == "cuda" else "cpu"

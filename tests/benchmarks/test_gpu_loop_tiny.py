@@ -1,4 +1,5 @@
-"""``benchmarks/gpu_loop.py --tiny``: the whole launch on the CPU, and the device setup script."""
+"""``benchmarks/gpu_loop.py``: the whole launch on the CPU (``--tiny``), a summary recomputed from
+a run's files, and the device setup script."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 @pytest.mark.slow
@@ -90,3 +92,16 @@ def test_device_env_registers_every_entry_point_without_installing(tmp_path):
     assert "[omnirl.models]" in models and "sd3 = omnirl.models.sd3" in models
     trainer = (infos["omnirl_trainer"] / "entry_points.txt").read_text()
     assert "[console_scripts]" in trainer and "trainer = omnirl.trainer.cli:main" in trainer
+
+
+def test_summarize_only_recomputes_a_run_cut_short_before_its_summary(tmp_path, benchmark_script):
+    """The twelfth GPU session's fallback loop (its command's timeout cut the summary): the
+    committed metrics give the documented 2.171 images/s and the fallback to micro-batch 8."""
+    metrics = RESULTS / "gpu_session12_2026-12-06" / "loop_micro16_fallback" / "metrics.jsonl"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(metrics.read_text())
+    gpu_loop = benchmark_script("gpu_loop")
+    assert gpu_loop.main(["--summarize-only", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    summary = json.loads((tmp_path / "gpu_loop.json").read_text())
+    assert summary["images_per_s"] == 2.171 and summary["steady_steps"] == 19
+    assert summary["micro_batch_fallbacks"] == 1 and summary["micro_batch_size"] == 8
