@@ -267,9 +267,9 @@ def summarize(args, out: Path, started: float) -> dict:
     fallbacks = sum(m.get("micro_batch_fallbacks", 0) for m in steps)
     if fallbacks:  # the trainer ran out of memory and went on at a smaller micro-batch
         summary["micro_batch_fallbacks"] = fallbacks
-        summary["micro_batch_size"] = [m for m in steps if "micro_batch_size" in m][-1][
-            "micro_batch_size"
-        ]
+        summary["micro_batch_size"] = next(
+            m["micro_batch_size"] for m in reversed(steps) if "micro_batch_size" in m
+        )
     if steps:
         summary["first_step_elapsed_s"] = round(steps[0]["elapsed_s"], 1)
         summary["reward_first_last"] = [steps[0]["reward_mean"], steps[-1]["reward_mean"]]

@@ -382,7 +382,7 @@ class TrainerServer(FleetControl):
                 "takes its share too)"
             )
         del err, future
-        release = getattr(self.backend, "release_memory", None)  # test backends have none
+        release = getattr(self.backend, "release_memory", None)  # stand-ins have none
         if release is not None:
             release()
         self.counters["step_failures"] = self.counters.get("step_failures", 0) + 1
