@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
+import torch
 
+from omnirl.models.registry import get_rollout_adapter
+from omnirl.protocol.messages import PromptSpec, Rewards, SamplingParams
 from omnirl.trainer.config import load_config
 from omnirl.trainer.server import TrainerServer
 
@@ -36,3 +40,29 @@ def null_server(tmp_path):
     yield make
     for server in servers:
         server._executor.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_sd3_groups(tiny_sd3_path):
+    """Two FlowGRPO groups of 4 samples from the tiny SD3 (3 steps, the last two recorded),
+    with rewards that differ within each group."""
+    torch.set_num_threads(1)
+    rollout = get_rollout_adapter("StableDiffusion3Pipeline", "flow_grpo").from_pretrained(
+        tiny_sd3_path, device="cpu"
+    )
+    sampling = SamplingParams(
+        group_size=4,
+        num_steps=3,
+        guidance_scale=1.0,
+        height=32,
+        width=32,
+        sde_window=(1, 3),
+        seed=3,
+    )
+    prompts = [PromptSpec(group_id=f"g{i}", text=f"a photo of thing {i}") for i in range(2)]
+    out = rollout.sample(prompts, sampling, lease_id="l0", worker_id="w0", policy_version=0)
+    totals = ((0.0, 1.0, 0.5, 2.0), (2.0, 0.0, 1.0, 0.3))
+    return [
+        msgspec.structs.replace(g, rewards=Rewards(group_id=g.group_id, total=list(r)))
+        for g, r in zip(out, totals, strict=True)
+    ]

@@ -8,14 +8,13 @@ card with that much room would. Everything else is the real TrainStep.
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 import torch
 
-from omnirl.models.registry import get_rollout_adapter, get_training_adapter
-from omnirl.protocol.messages import PromptSpec, Rewards, SamplingParams
+from omnirl.models.registry import get_training_adapter
 from omnirl.trainer.memory_fallback import step_with_memory_fallback
 from omnirl.trainer.step import TrainStep
+from omnirl.trainer.step_snapshot import StepSnapshot
 
 ARCH = "StableDiffusion3Pipeline"
 LORA = {"r": 4, "lora_alpha": 4}
@@ -36,28 +35,6 @@ class RowLimit:
         return self.inner(batch, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def groups(tiny_sd3_path):
-    torch.set_num_threads(1)
-    rollout = get_rollout_adapter(ARCH, "flow_grpo").from_pretrained(tiny_sd3_path, device="cpu")
-    sampling = SamplingParams(
-        group_size=4,
-        num_steps=3,
-        guidance_scale=1.0,
-        height=32,
-        width=32,
-        sde_window=(1, 3),
-        seed=3,
-    )
-    prompts = [PromptSpec(group_id=f"g{i}", text=f"a photo of thing {i}") for i in range(2)]
-    out = rollout.sample(prompts, sampling, lease_id="l0", worker_id="w0", policy_version=0)
-    totals = ((0.0, 1.0, 0.5, 2.0), (2.0, 0.0, 1.0, 0.3))
-    return [
-        msgspec.structs.replace(g, rewards=Rewards(group_id=g.group_id, total=list(r)))
-        for g, r in zip(out, totals, strict=True)
-    ]
-
-
 def _step(path, **config):
     torch.manual_seed(0)  # the same LoRA initialisation for every trainer
     adapter = get_training_adapter(ARCH, "flow_grpo").from_pretrained(path, device="cpu", lora=LORA)
@@ -68,13 +45,13 @@ def _lora(step):
     return [p.detach().clone() for p in step.adapter.trainable_parameters()]
 
 
-def test_an_out_of_memory_step_is_retried_at_half_the_micro_batch(tiny_sd3_path, groups):
+def test_an_out_of_memory_step_is_retried_at_half_the_micro_batch(tiny_sd3_path, tiny_sd3_groups):
     step = _step(tiny_sd3_path, micro_batch_size=8)
     limit = step.adapter.transition = RowLimit(step.adapter, 2)
     before = _lora(step)
     released = []
     metrics = step_with_memory_fallback(
-        step, groups, policy_version=0, lr_scale=1.0, release=lambda: released.append(1)
+        step, tiny_sd3_groups, policy_version=0, lr_scale=1.0, release=lambda: released.append(1)
     )
     assert limit.refused == [8, 4]  # 8 -> 4 -> 2
     assert len(released) == 2
@@ -83,47 +60,72 @@ def test_an_out_of_memory_step_is_retried_at_half_the_micro_batch(tiny_sd3_path,
     assert step.num_updates == 1  # one update, not one per try
 
     direct = _step(tiny_sd3_path, micro_batch_size=2)
-    direct.step(groups, policy_version=0)
+    direct.step(tiny_sd3_groups, policy_version=0)
     for got, want in zip(_lora(step), _lora(direct), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(_lora(step), before, strict=True))
 
     # the smaller size stays: the next step runs at 2 without a failure
     metrics = step_with_memory_fallback(
-        step, groups, policy_version=1, lr_scale=1.0, release=lambda: released.append(1)
+        step, tiny_sd3_groups, policy_version=1, lr_scale=1.0, release=lambda: released.append(1)
     )
     assert limit.refused == [8, 4] and "micro_batch_fallbacks" not in metrics
 
 
-def test_a_step_that_already_updated_the_weights_is_not_retried(tiny_sd3_path, groups):
-    # two minibatches of 4 rows: the first updates the weights, the second (of its 4 rows,
-    # arriving as one micro-batch of 4) runs out of memory; a retry would apply the first
+class SecondMinibatchLimit:
+    """The adapter's ``transition``, out of memory for a gradient pass over more than
+    ``limit`` rows once the first minibatch's two timesteps went through."""
+
+    def __init__(self, adapter, limit: int):
+        self.inner, self.limit, self.calls = adapter.transition, limit, 0
+
+    def __call__(self, batch, **kwargs):
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls > 2 and int(batch.latents.shape[0]) > self.limit:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+        return self.inner(batch, **kwargs)
+
+
+def test_a_step_that_already_updated_the_weights_is_retried_only_from_a_snapshot(
+    tiny_sd3_path, tiny_sd3_groups
+):
+    # two minibatches of 4 rows: the first updates the weights, the second (its 4 rows as one
+    # micro-batch) runs out of memory. Without a snapshot a retry would apply the first
     # update twice, so the error propagates
     step = _step(tiny_sd3_path, micro_batch_size=4, num_minibatches=2)
-    inner = step.adapter.transition
-    calls = {"n": 0}
-
-    def second_minibatch_fails(batch, **kwargs):
-        if torch.is_grad_enabled():
-            calls["n"] += 1
-            if calls["n"] > 2:  # the first minibatch's two timesteps went through
-                raise torch.OutOfMemoryError("CUDA out of memory")
-        return inner(batch, **kwargs)
-
-    step.adapter.transition = second_minibatch_fails
+    step.adapter.transition = SecondMinibatchLimit(step.adapter, 2)
     with pytest.raises(torch.OutOfMemoryError):
         step_with_memory_fallback(
-            step, groups, policy_version=0, lr_scale=1.0, release=lambda: None
+            step, tiny_sd3_groups, policy_version=0, lr_scale=1.0, release=lambda: None
         )
     assert step.num_updates == 1 and step.config.micro_batch_size == 4
 
+    # with one, the step is undone and tried again at 2: the update of a step at 2 from the
+    # start (the same minibatch split too: the step's generator is restored)
+    step = _step(tiny_sd3_path, micro_batch_size=4, num_minibatches=2)
+    step.adapter.transition = SecondMinibatchLimit(step.adapter, 2)
+    metrics = step_with_memory_fallback(
+        step,
+        tiny_sd3_groups,
+        policy_version=0,
+        lr_scale=1.0,
+        release=lambda: None,
+        snapshot=StepSnapshot(step),
+    )
+    assert metrics["micro_batch_fallbacks"] == 1 and step.num_updates == 2
+    direct = _step(tiny_sd3_path, micro_batch_size=2, num_minibatches=2)
+    direct.step(tiny_sd3_groups, policy_version=0)
+    for got, want in zip(_lora(step), _lora(direct), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
-def test_other_errors_and_a_single_row_are_not_retried(tiny_sd3_path, groups):
+
+def test_other_errors_and_a_single_row_are_not_retried(tiny_sd3_path, tiny_sd3_groups):
     step = _step(tiny_sd3_path, micro_batch_size=1)
     step.adapter.transition = RowLimit(step.adapter, 0)
     with pytest.raises(torch.OutOfMemoryError):
         step_with_memory_fallback(
-            step, groups, policy_version=0, lr_scale=1.0, release=lambda: None
+            step, tiny_sd3_groups, policy_version=0, lr_scale=1.0, release=lambda: None
         )
 
     step = _step(tiny_sd3_path, micro_batch_size=8)
@@ -134,6 +136,6 @@ def test_other_errors_and_a_single_row_are_not_retried(tiny_sd3_path, groups):
     step.adapter.transition = broken
     with pytest.raises(ValueError, match="not a memory error"):
         step_with_memory_fallback(
-            step, groups, policy_version=0, lr_scale=1.0, release=lambda: None
+            step, tiny_sd3_groups, policy_version=0, lr_scale=1.0, release=lambda: None
         )
     assert step.config.micro_batch_size == 8

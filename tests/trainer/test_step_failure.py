@@ -106,3 +106,23 @@ def test_only_max_step_failures_in_a_row_stop_the_run(null_server):
     assert server.exit_code == 1
     assert server.counters["step_failures"] == MAX_STEP_FAILURES
     assert backend.released == MAX_STEP_FAILURES
+
+
+class NotUndoneBackend(FailingBackend):
+    """Fails every step the way a step that changed the weights with no snapshot does."""
+
+    def step(self, groups, *, policy_version, lr_scale=1.0):
+        from omnirl.trainer.step_snapshot import StepNotUndone
+
+        self.steps += 1
+        raise StepNotUndone("the failed step had made 1 optimiser update(s)")
+
+
+def test_a_step_that_cannot_be_undone_stops_the_run_with_no_final_checkpoint(null_server):
+    backend = NotUndoneBackend(failures=1)
+    server = null_server(backend)
+    _fill_and_step(server)
+    assert backend.steps == 1
+    assert server.exit_code == 1 and server._stop_requested
+    assert server._diverged  # what keeps run() from writing the final checkpoint
+    assert server.step == 0 and server.version == 0

@@ -37,6 +37,7 @@ _LOOP_KEYS = (
     "lr_schedule",
     "lr_min_ratio",
     "lr_warmup_steps",
+    "step_snapshot",
 )
 _MODEL_KEYS = (
     "gradient_checkpointing",
@@ -94,6 +95,7 @@ class AdapterBackend:
             needs_reference_pass,
         )
         from omnirl.trainer.step import TrainStep
+        from omnirl.trainer.step_snapshot import snapshot_steps
 
         self.model_path = str(cfg.model.path)
         self.architecture = architecture_of(self.model_path)
@@ -152,6 +154,12 @@ class AdapterBackend:
         if dist_info is not None and dist_info.world_size > 1:
             parallel = self._data_parallel(cfg, dist_info)
         self.train_step = TrainStep(self.adapter, spec, step_config, parallel=parallel)
+        resolved = self.train_step.config
+        self.snapshot_steps = snapshot_steps(
+            cfg.train.step_snapshot,
+            lora=lora is not None,
+            updates_per_step=resolved.inner_epochs * resolved.num_minibatches,
+        )
 
     def _data_parallel(self, cfg: Any, info: Any) -> Any:
         """Gradient all-reduce over the ranks (``train.parallel``: ``auto`` / ``ddp``), every
@@ -189,19 +197,35 @@ class AdapterBackend:
     def step(
         self, groups: list[Any], *, policy_version: int, lr_scale: float = 1.0
     ) -> dict[str, float]:
-        """One optimisation step; in one process a step that runs out of device memory is
-        tried again at half the micro-batch (:mod:`omnirl.trainer.memory_fallback`)."""
+        """One optimisation step. A step that fails leaves the trainer as it was before it,
+        or raises :class:`~omnirl.trainer.step_snapshot.StepNotUndone`
+        (:mod:`omnirl.trainer.step_snapshot`). Under ``torchrun`` the ranks' replicas cannot
+        be rewound together, so the leader stops the run instead
+        (:class:`~omnirl.trainer.replicas.LeaderBackend`). In one process a step that runs out
+        of device memory is tried again at half the micro-batch
+        (:mod:`omnirl.trainer.memory_fallback`)."""
         if self.dist_info is not None and self.dist_info.world_size > 1:
             return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
         from omnirl.trainer.memory_fallback import step_with_memory_fallback
+        from omnirl.trainer.step import TrainStepInputError
+        from omnirl.trainer.step_snapshot import StepSnapshot, rewind
 
-        return step_with_memory_fallback(
-            self.train_step,
-            groups,
-            policy_version=policy_version,
-            lr_scale=lr_scale,
-            release=self.release_memory,
-        )
+        snapshot = StepSnapshot(self.train_step) if self.snapshot_steps else None
+        updates_before = self.train_step.num_updates
+        try:
+            return step_with_memory_fallback(
+                self.train_step,
+                groups,
+                policy_version=policy_version,
+                lr_scale=lr_scale,
+                release=self.release_memory,
+                snapshot=snapshot,
+            )
+        except TrainStepInputError:
+            raise  # refused before anything ran
+        except Exception:
+            rewind(self.train_step, snapshot, updates_before)
+            raise
 
     def release_memory(self) -> None:
         """After a failed step (the server has dropped its references): collect what is left

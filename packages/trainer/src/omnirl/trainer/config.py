@@ -117,6 +117,10 @@ class RewardConfig:
     scorer: str = "jpeg_compressibility"
 
 
+# train.step_snapshot (omnirl.trainer.step_snapshot)
+SNAPSHOT_POLICIES = ("auto", "always", "never")
+
+
 @dataclass
 class TrainConfig:
     """The loop's batching and staleness, plus the common ``TrainStep.Config`` fields.
@@ -136,6 +140,10 @@ class TrainConfig:
     lr_min_ratio: float = 0.0
     # linear warm-up over the first N optimisation steps, multiplying the schedule
     lr_warmup_steps: int = 0
+    # copy what a step changes to host memory before it, to undo a step that fails after an
+    # optimiser update (its groups are then issued again): "auto" (LoRA steps, and a full
+    # fine-tune's steps with several updates), "always", "never" (omnirl.trainer.step_snapshot)
+    step_snapshot: str = "auto"
     clip_range: float | None = None
     kl_beta: float | None = None
     max_grad_norm: float | None = None
@@ -289,6 +297,11 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"key 'sampling.sde_window': {list(window)!r} is not [start, end)")
     if cfg.run.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"key 'run.dtype': unknown dtype {cfg.run.dtype!r}")
+    if cfg.train.step_snapshot not in SNAPSHOT_POLICIES:
+        raise ConfigError(
+            f"key 'train.step_snapshot': unknown policy {cfg.train.step_snapshot!r}; "
+            f"known: {list(SNAPSHOT_POLICIES)}"
+        )
     if cfg.train.parallel not in ("auto", "none", "ddp", "fsdp"):
         raise ConfigError(
             f"key 'train.parallel': unknown mode {cfg.train.parallel!r}; "

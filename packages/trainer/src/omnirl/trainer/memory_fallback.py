@@ -7,11 +7,13 @@ worker's memory move from lease to lease; this keeps it training (SD3.5-M at mic
 beside a rollout worker on one 80 GB card ran out of memory and stopped the run:
 ``docs/benchmarks.md``, "GPU, twelfth session").
 
-A step is retried only when none of it was applied (no optimiser update happened before the
-error: a second try would otherwise apply part of it twice) and only in one process (under
-``torchrun`` one rank's retry would leave the others waiting in a collective; the run stops
-there as before). The smaller size stays for the rest of the run, logged, and reported in
-the metrics as ``micro_batch_size`` and ``micro_batch_fallbacks``.
+A step is retried only when none of it is left in the weights: no optimiser update had
+happened before the error, or one had and the step's snapshot put the weights back
+(:mod:`omnirl.trainer.step_snapshot`; a second try would otherwise apply part of it twice).
+And only in one process: under ``torchrun`` one rank's retry would leave the others waiting
+in a collective; the run stops there as before. The smaller size stays for the rest of the
+run, logged, and reported in the metrics as ``micro_batch_size`` and
+``micro_batch_fallbacks``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from omnirl.trainer.step_snapshot import StepSnapshot, rewind
 
 log = logging.getLogger("omnirl.trainer")
 
@@ -37,23 +41,26 @@ def step_with_memory_fallback(
     policy_version: int,
     lr_scale: float,
     release: Callable[[], None],
+    snapshot: StepSnapshot | None = None,
 ) -> dict[str, float]:
     """``train_step.step(groups, ...)``, retried at half the micro-batch after an
-    out-of-memory error that left the weights untouched, down to one sample; ``release``
-    frees the device's cached memory between tries. Any other error, and an out-of-memory
-    error that cannot be retried, propagates unchanged."""
+    out-of-memory error, down to one sample; ``release`` frees the device's cached memory
+    between tries. An error after an optimiser update is retried only if ``snapshot`` (taken
+    before this step) restores the weights. Any other error, and an out-of-memory error that
+    cannot be retried, propagates unchanged."""
     fallbacks = 0
+    updates_before = train_step.num_updates
     while True:
-        updates_before = train_step.num_updates
         try:
             metrics = train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
             break
         except torch.OutOfMemoryError as err:
             tried = train_step.config.micro_batch_size or _rows_of(groups)
-            if train_step.num_updates != updates_before or tried <= 1:
+            if tried <= 1 or (train_step.num_updates != updates_before and snapshot is None):
                 raise
             # the frames of the failed try hold its activations: free them before the next
             traceback.clear_frames(err.__traceback__)
+        rewind(train_step, snapshot, updates_before)
         release()
         train_step.config.micro_batch_size = tried // 2
         fallbacks += 1

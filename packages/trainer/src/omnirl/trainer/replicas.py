@@ -18,7 +18,8 @@ So every collective runs on every rank in the same order. Rank 0's server calls 
 from its step thread and from its main thread, one call at a time. A step that refuses its
 groups (``TrainStepInputError``, before any collective) is refused on every rank and the run
 goes on; any other failure on a follower ends it (exit 1: torchrun stops the other ranks,
-rather than leaving rank 0 waiting in a collective).
+rather than leaving rank 0 waiting in a collective), and one on rank 0 stops the run
+(:class:`~omnirl.trainer.step_snapshot.StepNotUndone`: the followers may have applied it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from omnirl.trainer.step import TrainStepInputError
+from omnirl.trainer.step_snapshot import StepNotUndone
 
 log = logging.getLogger("omnirl.trainer")
 
@@ -73,7 +75,16 @@ class LeaderBackend:
         self, groups: list[Any], *, policy_version: int, lr_scale: float = 1.0
     ) -> dict[str, float]:
         self._announce(("step", list(groups), policy_version, lr_scale))
-        return self.backend.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+        try:
+            return self.backend.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+        except TrainStepInputError:
+            raise  # refused on every rank before any collective: the ranks agree
+        except Exception as err:
+            # the followers may have applied the step, or wait in one of its collectives:
+            # the replicas cannot be rewound together
+            raise StepNotUndone(
+                f"the step failed on rank 0 of {self.info.world_size}: {err!r}"
+            ) from err
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         self._announce(("export",))

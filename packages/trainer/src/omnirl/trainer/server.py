@@ -126,9 +126,13 @@ class TrainerServer(FleetControl):
         self._stop_reason = "stop requested"
         self._started = time.monotonic()
         self._elapsed_before_s = 0.0  # the run's time in earlier processes (from --resume)
-        self._diverged = False  # a step made the policy non-finite: no final checkpoint
+        # a step made the policy non-finite, or failed and could not be undone: no final
+        # checkpoint of those weights
+        self._diverged = False
         self._failures_in_a_row = 0
-        self.exit_code = 0  # 1: stopped on repeated step failures or a non-finite policy
+        # 1: stopped on repeated step failures, one that could not be undone, or a
+        # non-finite policy
+        self.exit_code = 0
         self._ctx = context or zmq.Context.instance()
         self.addresses: dict[str, str] = {}
         self.output_dir = Path(cfg.run.output_dir)
@@ -381,11 +385,18 @@ class TrainerServer(FleetControl):
                 "or set train.gradient_checkpointing=true (a rollout worker on the same GPU "
                 "takes its share too)"
             )
+        stop_run = getattr(err, "stop_run", False)  # step_snapshot.StepNotUndone
         del err, future
         release = getattr(self.backend, "release_memory", None)  # stand-ins have none
         if release is not None:
             release()
         self.counters["step_failures"] = self.counters.get("step_failures", 0) + 1
+        if stop_run:
+            log.error("the failed step could not be undone; stopping with no final checkpoint")
+            self._diverged = True
+            self.exit_code = 1
+            self.request_stop()
+            return
         self.ledger.requeue_accepted([g.group_id for g in batch])
         self._failures_in_a_row += 1
         if self._failures_in_a_row >= MAX_STEP_FAILURES:

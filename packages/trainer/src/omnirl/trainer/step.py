@@ -473,10 +473,12 @@ class TrainStep:
         max_norm = cfg.max_grad_norm or math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if math.isfinite(grad_norm):
+            # counted first: an update that fails half-way has changed weights too
+            # (omnirl.trainer.step_snapshot.rewind)
+            self.num_updates += 1
             self.optimizer.step()
             if self.ema is not None:
                 self.ema.update()
-            self.num_updates += 1
             self.adapter.on_update(self.num_updates)
         else:  # never let one bad batch write NaNs into the weights
             acc.nonfinite_updates += 1
