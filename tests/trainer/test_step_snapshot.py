@@ -81,7 +81,7 @@ def test_a_failed_step_is_undone_and_its_retry_is_the_step_that_never_failed(
     tiny_sd3_path, tiny_sd3_groups, tmp_path
 ):
     backend = _backend(tiny_sd3_path, tmp_path)
-    assert backend.snapshot_steps
+    assert backend.snapshot is not None
     backend.step(tiny_sd3_groups, policy_version=0)  # the optimiser has moments now
     before = _state(backend)
     real = backend.adapter.transition
@@ -103,7 +103,7 @@ def test_without_a_snapshot_a_step_that_changed_the_weights_cannot_be_undone(
     tiny_sd3_path, tiny_sd3_groups, tmp_path
 ):
     backend = _backend(tiny_sd3_path, tmp_path, "train.step_snapshot=never")
-    assert not backend.snapshot_steps
+    assert backend.snapshot is None
     backend.adapter.transition = FailsInSecondMinibatch(backend.adapter)
     with pytest.raises(StepNotUndone, match="1 optimiser update") as caught:
         backend.step(tiny_sd3_groups, policy_version=0)

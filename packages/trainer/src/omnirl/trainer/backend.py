@@ -95,7 +95,7 @@ class AdapterBackend:
             needs_reference_pass,
         )
         from omnirl.trainer.step import TrainStep
-        from omnirl.trainer.step_snapshot import snapshot_steps
+        from omnirl.trainer.step_snapshot import StepSnapshot, snapshot_steps
 
         self.model_path = str(cfg.model.path)
         self.architecture = architecture_of(self.model_path)
@@ -155,11 +155,13 @@ class AdapterBackend:
             parallel = self._data_parallel(cfg, dist_info)
         self.train_step = TrainStep(self.adapter, spec, step_config, parallel=parallel)
         resolved = self.train_step.config
-        self.snapshot_steps = snapshot_steps(
+        snapshot = snapshot_steps(
             cfg.train.step_snapshot,
             lora=lora is not None,
             updates_per_step=resolved.inner_epochs * resolved.num_minibatches,
         )
+        # taken before every step, into the same host buffers
+        self.snapshot = StepSnapshot() if snapshot else None
 
     def _data_parallel(self, cfg: Any, info: Any) -> Any:
         """Gradient all-reduce over the ranks (``train.parallel``: ``auto`` / ``ddp``), every
@@ -208,9 +210,9 @@ class AdapterBackend:
             return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
         from omnirl.trainer.memory_fallback import step_with_memory_fallback
         from omnirl.trainer.step import TrainStepInputError
-        from omnirl.trainer.step_snapshot import StepSnapshot, rewind
+        from omnirl.trainer.step_snapshot import rewind
 
-        snapshot = StepSnapshot(self.train_step) if self.snapshot_steps else None
+        snapshot = self.snapshot.take(self.train_step) if self.snapshot is not None else None
         updates_before = self.train_step.num_updates
         try:
             return step_with_memory_fallback(

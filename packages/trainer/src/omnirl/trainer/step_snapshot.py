@@ -44,32 +44,63 @@ def snapshot_steps(policy: str, *, lora: bool, updates_per_step: int) -> bool:
 
 def _host_copy(value: Any) -> Any:
     """``value`` with every tensor copied to host memory and every container copied."""
+    return _copy_into(None, value)
+
+
+def _copy_into(old: Any, value: Any) -> Any:
+    """``value`` copied to host memory, into ``old``'s tensors where shapes and dtypes match
+    (a snapshot taken every step reuses its buffers; page-locked ones for device tensors,
+    which copy faster)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        value = value.detach()
+        same = (
+            isinstance(old, torch.Tensor) and old.shape == value.shape and old.dtype == value.dtype
+        )
+        if not same:
+            old = torch.empty(
+                value.shape, dtype=value.dtype, pin_memory=value.device.type == "cuda"
+            )
+        return old.copy_(value)
     if isinstance(value, dict):
-        return {k: _host_copy(v) for k, v in value.items()}
+        olds = old if isinstance(old, dict) else {}
+        return {k: _copy_into(olds.get(k), v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_host_copy(v) for v in value)
+        olds = (
+            old if isinstance(old, list | tuple) and len(old) == len(value) else [None] * len(value)
+        )
+        return type(value)(_copy_into(o, v) for o, v in zip(olds, value, strict=True))
     return copy.deepcopy(value)
 
 
 class StepSnapshot:
     """What a ``TrainStep.step`` changes, copied to host memory before it: the trainable
     parameters and ``TrainStep.state_dict()`` (optimiser moments and step counts, the EMA, the
-    step's generator, the update count, float8 scales)."""
+    step's generator, the update count, float8 scales). :meth:`take` before every step
+    reuses the host buffers of the last."""
 
-    def __init__(self, train_step: Any):
+    def __init__(self, train_step: Any | None = None):
+        self.num_updates: int | None = None
+        self.params: list[torch.Tensor] | None = None
+        self.state: dict[str, Any] | None = None
+        if train_step is not None:
+            self.take(train_step)
+
+    def take(self, train_step: Any) -> StepSnapshot:
+        """Copy ``train_step``'s state now (into the buffers of the last take)."""
         self.num_updates = train_step.num_updates
-        self.params = [p.detach().to("cpu", copy=True) for p in train_step.params]
-        self.state = _host_copy(train_step.state_dict())
+        self.params = _copy_into(self.params, list(train_step.params))
+        self.state = _copy_into(self.state, train_step.state_dict())
+        return self
 
     def restore(self, train_step: Any) -> None:
         """Put ``train_step`` back as it was when this snapshot was taken."""
+        if self.params is None:
+            raise RuntimeError("restore of a snapshot that was never taken")
         with torch.no_grad():
             for param, saved in zip(train_step.params, self.params, strict=True):
                 param.copy_(saved)
-        # load_state_dict copies the optimiser state onto the parameters' device; hand it a
-        # copy so this snapshot stays valid for a second restore
+        # load_state_dict may keep host tensors it is given (the optimiser's on a CPU): hand
+        # it a copy, so that this snapshot's buffers are never the live state
         train_step.load_state_dict(_host_copy(self.state))
         train_step.optimizer.zero_grad(set_to_none=True)
 
