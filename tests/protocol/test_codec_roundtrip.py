@@ -16,6 +16,7 @@ from test_codec_samples import diffusion_group, sample_messages, token_group, we
 from omnirl.protocol import decode, decode_header, encode, encoded_size
 from omnirl.protocol import messages as m
 from omnirl.protocol.tensors import WIRE_DTYPES
+from omnirl.protocol.version import PROTOCOL_VERSION
 
 
 def address(buffer) -> int:
@@ -66,7 +67,7 @@ def test_every_kind_round_trips(msg):
     frames = encode(msg)
     assert len(frames) == 1 + count_tensors(msg)
     header = decode_header(frames[0])
-    assert header.kind == msg.__struct_config__.tag and header.v == (1, 0)
+    assert header.kind == msg.__struct_config__.tag and header.v == PROTOCOL_VERSION
     out = decode(frames)
     assert_same(out, msg)
     assert encoded_size(frames) == sum(memoryview(f).nbytes for f in frames)

@@ -137,6 +137,9 @@ def sample_messages() -> list[m.Message]:
             policy_version=4,
             reward_address="tcp://127.0.0.1:5601",
         ),
+        m.LeaseReturn(
+            lease_id="lease-3", worker_id="rollout-1", reason="OutOfMemoryError: CUDA out of memory"
+        ),
         _rewards(),
         diffusion_group(),
         token_group(),

@@ -21,6 +21,7 @@ from omnirl.protocol.messages import (
     Hello,
     Lease,
     LeaseRequest,
+    LeaseReturn,
     PromptSpec,
     Refusal,
     SamplingParams,
@@ -56,6 +57,8 @@ class FakeAdapter:
         EVENTS.append(("sample", lease_id, policy_version, self.weight))
         time.sleep(0.6)
         self.sampling = False
+        if prompts[0].text == "fail":
+            raise RuntimeError("the sampler failed")
         g = sampling.group_size
         return [
             DiffusionTrajectoryGroup(
@@ -78,13 +81,13 @@ def _publish(trainer, identity, version, value):
         trainer.send(trainer.weights, identity, chunk)
 
 
-def _lease(n, version, deadline=60.0):
+def _lease(n, version, deadline=60.0, text="p"):
     return Lease(
         lease_id=f"L{n}",
         worker_id="rollout-t",
         policy_version=version,
         deadline=time.time() + deadline,
-        prompts=[PromptSpec(group_id=f"e0:{n}", text="p")],
+        prompts=[PromptSpec(group_id=f"e0:{n}", text=text)],
         sampling=SamplingParams(group_size=2),
     )
 
@@ -165,11 +168,19 @@ def test_rollout_worker_versions_leases_and_heartbeats():
             ("sample", "L2", 2, 30.0),
         ]
         control(LeaseRequest)
+        # A lease whose sampling fails is given back at once (its groups are issued again
+        # now, not at its deadline), and the worker goes on asking for work.
+        trainer.send(trainer.control, ident, _lease(3, 2, text="fail"))
+        _, returned = control(LeaseReturn)
+        assert returned.lease_id == "L3" and returned.worker_id == "rollout-t"
+        assert "RuntimeError: the sampler failed" in returned.reason
+        control(LeaseRequest)
         trainer.send(trainer.control, ident, Refusal(code="no_work", reason="wait"))
         control(LeaseRequest)  # asks again after a short back-off
         _, beat = control(Heartbeat)
         assert beat.policy_version == 2 and beat.stats["weights_version"] == 2.0
         assert beat.stats["leases_done"] == 2.0 and beat.stats["weights_digest"] > 0
+        assert beat.stats["leases_failed"] == 1.0
         trainer.send(trainer.control, ident, Refusal(code="shutdown", reason="done"))
         thread.join(10)
         assert codes == [0]

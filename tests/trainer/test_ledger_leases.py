@@ -172,3 +172,19 @@ def test_state_counts_stay_in_step_with_the_groups():
     led.issue("w", 2, 2.0, policy_version=1, fresh=fresh)
     assert led.states == Counter(g.state for g in led.groups.values())
     assert led.in_flight() == 2
+
+
+def test_a_returned_lease_reissues_its_open_groups_at_once():
+    led, fresh = _ledger(), _fresh()
+    led.heartbeat("w1", 0.0)
+    led.heartbeat("w2", 0.0)
+    a = led.issue("w1", 2, 0.0, policy_version=0, fresh=fresh)
+    assert isinstance(led.accept("e0:i0", a.lease_id, 0, 0), Accepted)  # one came back
+    assert not led.return_lease(a.lease_id, "w2")  # not w2's to give back
+    assert led.return_lease(a.lease_id, "w1")
+    assert a.lease_id not in led.leases and list(led.pending) == ["e0:i1"]
+    assert led.counters["leases_returned"] == 1
+    assert not led.return_lease(a.lease_id, "w1")  # already closed: nothing changes
+    b = led.issue("w2", 2, 1.0, policy_version=0, fresh=fresh)  # long before a's deadline
+    assert [p.group_id for p in b.prompts] == ["e0:i1", "e0:i2"]
+    assert led.counters["groups_reissued"] == 1

@@ -126,6 +126,15 @@ class Lease(Message, tag="lease", kw_only=True):
     reward_address: str = ""
 
 
+class LeaseReturn(Message, tag="lease_return", kw_only=True):
+    """A worker gives back a lease it could not finish (its sampling failed): its groups
+    are issued again at once instead of at the lease's deadline. No reply."""
+
+    lease_id: str
+    worker_id: str
+    reason: str = ""
+
+
 # ---------------------------------------------------------------------------- trajectories
 
 
@@ -313,6 +322,7 @@ AnyMessage = (
     | Welcome
     | LeaseRequest
     | Lease
+    | LeaseReturn
     | Rewards
     | DiffusionTrajectoryGroup
     | TokenTrajectoryGroup

@@ -1,11 +1,15 @@
 """Protocol version carried by every message.
 
 Minor versions only add optional fields with defaults, so a reader at minor N decodes a
-message written at minor N+1 (unknown fields are ignored). A different major is refused.
+message written at minor N+1 (unknown fields are ignored), or add message kinds, which a
+reader at minor N refuses as unknown kinds while the rest of the exchange goes on. A
+different major is refused.
+
+1.1: ``LeaseReturn`` (a rollout worker gives back a lease whose sampling failed).
 """
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 0
+PROTOCOL_MINOR = 1
 PROTOCOL_VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -270,11 +271,31 @@ class RolloutModel:
         return update.version
 
     def sample(self, lease: Lease, worker_id: str, version: int) -> list:
-        """Sample every prompt group of ``lease`` at the held ``version``."""
-        return self.adapter.sample(
-            lease.prompts,
-            lease.sampling,
-            lease_id=lease.lease_id,
-            worker_id=worker_id,
-            policy_version=version,
-        )
+        """Sample every prompt group of ``lease`` at the held ``version``. After running out
+        of device memory, what the failed lease held is freed and the allocator's cache handed
+        back before the error propagates (a trainer may share the GPU)."""
+        try:
+            return self.adapter.sample(
+                lease.prompts,
+                lease.sampling,
+                lease_id=lease.lease_id,
+                worker_id=worker_id,
+                policy_version=version,
+            )
+        except Exception as err:
+            if type(err).__name__ == "OutOfMemoryError":  # torch's
+                # the traceback's frames hold the lease's activations
+                traceback.clear_frames(err.__traceback__)
+                self.release_memory()
+            raise
+
+    def release_memory(self) -> None:
+        """Collect what failed work left and return the device's cached blocks."""
+        import gc
+
+        from omnirl.models.device import empty_cache
+
+        gc.collect()
+        device = getattr(self.adapter, "device", None)
+        if device is not None:
+            empty_cache(device)

@@ -41,6 +41,7 @@ from omnirl.protocol.messages import (
     Hello,
     Lease,
     LeaseRequest,
+    LeaseReturn,
     Refusal,
     WeightRequest,
     WeightUpdate,
@@ -410,6 +411,13 @@ class RolloutWorker:
             if not result.ok:
                 self.counters.leases_failed += 1
                 self._backoff_until = time.monotonic() + 1.0
+                # the trainer issues its groups again now, not at the lease's deadline
+                _send(
+                    self._control,
+                    LeaseReturn(
+                        lease_id=lease.lease_id, worker_id=self.worker_id, reason=result.error
+                    ),
+                )
                 return None
             self._last_sample_s = result.seconds
             for group in result.value:

@@ -19,6 +19,7 @@ from omnirl.protocol.messages import (
     Hello,
     Lease,
     LeaseRequest,
+    LeaseReturn,
     Refusal,
     SamplingParams,
     Status,
@@ -60,7 +61,7 @@ class FleetControl:
             self._reply(self.control, peer, Refusal(code="shutdown", reason="the run has finished"))
         elif isinstance(msg, Hello):
             self._on_hello(peer, msg, now)
-        elif isinstance(msg, LeaseRequest | Heartbeat):
+        elif isinstance(msg, LeaseRequest | Heartbeat | LeaseReturn):
             if msg.worker_id not in self.ledger.workers and not self._readmit(msg.worker_id, now):
                 reason = f"worker {msg.worker_id!r} is not registered (send Hello)"
                 refusal = Refusal(code="unknown_worker", reason=reason, ref=msg.worker_id)
@@ -76,6 +77,9 @@ class FleetControl:
                     policy_version=msg.policy_version,
                     leases=msg.leases,
                 )
+            elif isinstance(msg, LeaseReturn):
+                self.ledger.heartbeat(msg.worker_id, now, role=role)
+                self._on_lease_return(msg)
             else:
                 self.ledger.heartbeat(msg.worker_id, now, role=role)
                 self._reply(self.control, peer, self._lease_for(msg, now))
@@ -83,6 +87,17 @@ class FleetControl:
             self.counters["control_rejected"] += 1
             reason = f"{type(msg).__name__} is not a control request"
             self._reply(self.control, peer, Refusal(code="unexpected_kind", reason=reason))
+
+    def _on_lease_return(self, msg: LeaseReturn) -> None:
+        if self.ledger.return_lease(msg.lease_id, msg.worker_id):
+            log.warning(
+                "worker %s gave lease %s back unfinished (%s); its groups are issued again",
+                msg.worker_id,
+                msg.lease_id,
+                msg.reason or "no reason given",
+            )
+        else:  # expired already (and reissued), or finished
+            log.info("worker %s gave back lease %s, no longer open", msg.worker_id, msg.lease_id)
 
     def _readmit(self, worker_id: str, now: float) -> bool:
         """A worker declared lost that speaks again (a long stall, not a death): take it

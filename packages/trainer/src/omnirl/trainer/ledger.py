@@ -236,6 +236,17 @@ class Ledger:
             expired.append(lease.lease_id)
         return expired
 
+    def return_lease(self, lease_id: str, worker_id: str) -> bool:
+        """A worker gave ``lease_id`` back unfinished: its open groups go back to
+        ``pending`` now. Returns False (nothing changes) for a lease that is no longer open
+        or is not that worker's."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            return False
+        self.counters["leases_returned"] += 1
+        self._close(lease, requeue=True)
+        return True
+
     def _add(self, g: GroupRecord) -> None:
         self.groups[g.prompt.group_id] = g
         self.states[g.state] += 1
