@@ -264,6 +264,12 @@ def summarize(args, out: Path, started: float) -> dict:
             logp_absdiff_mean=statistics.mean(m["behav_prox_logp_absdiff_mean"] for m in steady),
             logp_absdiff_max=max(m["behav_prox_logp_absdiff_max"] for m in steady),
         )
+    snapshots = [m["snapshot_s"] for m in steady if "snapshot_s" in m]
+    if snapshots:  # train.step_snapshot: the host copy taken before each step
+        summary["snapshot_s_median"] = round(statistics.median(snapshots), 4)
+        summary["snapshot_share_of_update"] = round(
+            statistics.median(snapshots) / statistics.median(m["step_s"] for m in steady), 4
+        )
     fallbacks = sum(m.get("micro_batch_fallbacks", 0) for m in steps)
     if fallbacks:  # the trainer ran out of memory and went on at a smaller micro-batch
         summary["micro_batch_fallbacks"] = fallbacks

@@ -82,7 +82,8 @@ def test_a_failed_step_is_undone_and_its_retry_is_the_step_that_never_failed(
 ):
     backend = _backend(tiny_sd3_path, tmp_path)
     assert backend.snapshot is not None
-    backend.step(tiny_sd3_groups, policy_version=0)  # the optimiser has moments now
+    metrics = backend.step(tiny_sd3_groups, policy_version=0)  # the optimiser has moments now
+    assert metrics["snapshot_s"] > 0
     before = _state(backend)
     real = backend.adapter.transition
     backend.adapter.transition = FailsInSecondMinibatch(backend.adapter)

@@ -19,6 +19,7 @@ rank 0's is wrapped in :class:`omnirl.trainer.replicas.LeaderBackend`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from omnirl.trainer.config import (
@@ -212,10 +213,12 @@ class AdapterBackend:
         from omnirl.trainer.step import TrainStepInputError
         from omnirl.trainer.step_snapshot import rewind
 
+        started = time.perf_counter()
         snapshot = self.snapshot.take(self.train_step) if self.snapshot is not None else None
+        snapshot_s = time.perf_counter() - started
         updates_before = self.train_step.num_updates
         try:
-            return step_with_memory_fallback(
+            metrics = step_with_memory_fallback(
                 self.train_step,
                 groups,
                 policy_version=policy_version,
@@ -223,6 +226,9 @@ class AdapterBackend:
                 release=self.release_memory,
                 snapshot=snapshot,
             )
+            if snapshot is not None:
+                metrics["snapshot_s"] = snapshot_s  # its cost, beside the step's time_s
+            return metrics
         except TrainStepInputError:
             raise  # refused before anything ran
         except Exception:
