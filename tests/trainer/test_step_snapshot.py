@@ -27,11 +27,12 @@ def test_when_steps_are_snapshotted():
         snapshot_steps("sometimes", lora=True, updates_per_step=1)
 
 
-def _backend(path, tmp_path, *overrides: str) -> AdapterBackend:
+def _backend(path, tmp_path, device, *overrides: str) -> AdapterBackend:
     cfg = load_config(
         None,
         [
             f"model.path={path}",
+            f"run.device={device}",
             f"data.prompts={tmp_path / 'p.jsonl'}",
             "model.lora.r=4",
             "model.lora.alpha=4",
@@ -78,9 +79,11 @@ class FailsInSecondMinibatch:
 
 
 def test_a_failed_step_is_undone_and_its_retry_is_the_step_that_never_failed(
-    tiny_sd3_path, tiny_sd3_groups, tmp_path
+    tiny_sd3_path, tiny_sd3_groups, tmp_path, test_device
 ):
-    backend = _backend(tiny_sd3_path, tmp_path)
+    # on a GPU (OMNIRL_TEST_DEVICE=cuda) the snapshot's copies are asynchronous, into
+    # page-locked buffers
+    backend = _backend(tiny_sd3_path, tmp_path, test_device)
     assert backend.snapshot is not None
     metrics = backend.step(tiny_sd3_groups, policy_version=0)  # the optimiser has moments now
     assert metrics["snapshot_s"] > 0
@@ -94,16 +97,16 @@ def test_a_failed_step_is_undone_and_its_retry_is_the_step_that_never_failed(
 
     backend.adapter.transition = real
     backend.step(tiny_sd3_groups, policy_version=1)
-    never_failed = _backend(tiny_sd3_path, tmp_path)
+    never_failed = _backend(tiny_sd3_path, tmp_path, test_device)
     never_failed.step(tiny_sd3_groups, policy_version=0)
     never_failed.step(tiny_sd3_groups, policy_version=1)
     _assert_same(_state(backend), _state(never_failed))
 
 
 def test_without_a_snapshot_a_step_that_changed_the_weights_cannot_be_undone(
-    tiny_sd3_path, tiny_sd3_groups, tmp_path
+    tiny_sd3_path, tiny_sd3_groups, tmp_path, test_device
 ):
-    backend = _backend(tiny_sd3_path, tmp_path, "train.step_snapshot=never")
+    backend = _backend(tiny_sd3_path, tmp_path, test_device, "train.step_snapshot=never")
     assert backend.snapshot is None
     backend.adapter.transition = FailsInSecondMinibatch(backend.adapter)
     with pytest.raises(StepNotUndone, match="1 optimiser update") as caught:
