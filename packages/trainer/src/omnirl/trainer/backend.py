@@ -161,8 +161,9 @@ class AdapterBackend:
             lora=lora is not None,
             updates_per_step=resolved.inner_epochs * resolved.num_minibatches,
         )
-        # taken before every step, into the same host buffers
-        self.snapshot = StepSnapshot() if snapshot else None
+        # taken before every step, into the same host buffers; not under torchrun, where the
+        # leader stops the run on a failed step instead (replicas.LeaderBackend)
+        self.snapshot = StepSnapshot() if snapshot and parallel is None else None
 
     def _data_parallel(self, cfg: Any, info: Any) -> Any:
         """Gradient all-reduce over the ranks (``train.parallel``: ``auto`` / ``ddp``), every

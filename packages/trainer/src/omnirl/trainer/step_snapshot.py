@@ -9,8 +9,10 @@ what a step changes into host memory (:class:`StepSnapshot`) and puts it back if
 fails (:func:`rewind`).
 
 ``train.step_snapshot`` chooses when: ``auto`` snapshots every LoRA step (a few MB to a few
-hundred MB) and a full fine-tune's steps only when they make several updates (a full copy of
-SD3.5-M's weights and optimiser moments is about 27 GB); ``always``; ``never``. A failed step
+hundred MB; 0.5 % of an update in the SD3.5-M loop, ``docs/benchmarks.md``, "GPU,
+thirteenth session") and a full fine-tune's steps only when they make several updates (the
+copy then holds every weight and both Adam moments, three times the model's size in host
+memory); ``always``; ``never``. A failed step
 that changed the weights with no snapshot to undo it raises :class:`StepNotUndone`,
 and the server stops the run without writing a checkpoint of those weights.
 """
@@ -80,7 +82,6 @@ class StepSnapshot:
     reuses the host buffers of the last."""
 
     def __init__(self, train_step: Any | None = None):
-        self.num_updates: int | None = None
         self.params: list[torch.Tensor] | None = None
         self.state: dict[str, Any] | None = None
         if train_step is not None:
@@ -88,7 +89,6 @@ class StepSnapshot:
 
     def take(self, train_step: Any) -> StepSnapshot:
         """Copy ``train_step``'s state now (into the buffers of the last take)."""
-        self.num_updates = train_step.num_updates
         self.params = _copy_into(self.params, list(train_step.params))
         self.state = _copy_into(self.state, train_step.state_dict())
         return self
