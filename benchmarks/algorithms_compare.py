@@ -1,7 +1,8 @@
 """Every online algorithm on ShapesEval, over the wire on this machine, for one wall-clock budget.
 
-For each algorithm, one after another: ``omnirl launch examples/shapes_flow_grpo.yaml --rollout 1
---reward 1 algorithm.name=ALGO max_minutes=M run.output_dir=OUT/ALGO ...`` (a trainer, one rollout
+For each algorithm, one after another: ``omnirl launch examples/shapes_flow_grpo_lora.yaml
+--rollout 1 --reward 1 algorithm.name=ALGO max_minutes=M run.output_dir=OUT/ALGO ...`` (the
+quick start with a LoRA, the config these runs were measured with; a trainer, one rollout
 worker, one reward worker scoring ``shapes_eval``), the same config and budget for all, plus the
 few overrides an algorithm needs (``OVERRIDES``). Then it reads each run's ``metrics.jsonl`` and
 writes ``OUT/algorithms_compare.png`` (smoothed reward against the trainer's minutes, every
@@ -44,7 +45,7 @@ from compare_report import (  # a sibling module: benchmarks/ is on sys.path
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "examples" / "shapes_flow_grpo.yaml"
+CONFIG = ROOT / "examples" / "shapes_flow_grpo_lora.yaml"
 HELDOUT = ROOT / "examples" / "prompts" / "shapes_heldout.jsonl"
 DOC = ROOT / "docs" / "benchmarks.md"
 DOC_PNG = ROOT / "docs" / "images" / "algorithms_compare.png"
@@ -228,7 +229,7 @@ def report(args: argparse.Namespace, walls: dict[str, float]) -> str:
         f"Measured {dt.date.today().isoformat()}: `{args.command}`",
         "",
         f"Budget {minutes:g} min per algorithm (`max_minutes`, trainer clock), config "
-        f"`examples/shapes_flow_grpo.yaml` (lr {cfg['train']['lr']}, max_staleness "
+        f"`examples/shapes_flow_grpo_lora.yaml` (lr {cfg['train']['lr']}, max_staleness "
         f"{cfg['train']['max_staleness']}, window {window} unless an "
         "algorithm places its own: `flow_grpo_fast`, `mix_grpo`; `diffusion_nft` and "
         "`diffusion_dpo` sample with the ODE). Load average before the runs: "

@@ -1,6 +1,6 @@
 """float32 against bf16 on a CPU, eager and compiled: the quick start's rollout and training work.
 
-The quick start's model and LoRA (``examples/shapes_flow_grpo.yaml``), on this machine's CPU:
+The quick start's model and LoRA (``examples/shapes_flow_grpo_lora.yaml``), on this machine's CPU:
 
 - **rollout**: ``ShapesT2IRolloutAdapter.sample`` on leases of one group shaped by the
   config (``data.group_size``, ``sampling``): float32 with the LoRA merged (the rollout's

@@ -1,6 +1,6 @@
 """The rollout's LoRA as a branch against merged into the base weights, same model, one run.
 
-Loads the quick start's model twice with its adapter (``examples/shapes_flow_grpo.yaml``:
+Loads the quick start's model twice with its LoRA (``examples/shapes_flow_grpo_lora.yaml``:
 ``model.path``, ``model.lora``), gives both the same random LoRA update, and times
 ``ShapesT2IRolloutAdapter.sample`` on leases of one group shaped by the same config
 (``data.group_size``, ``sampling``) with the adapter as a branch and merged

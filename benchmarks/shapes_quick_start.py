@@ -1,5 +1,6 @@
-"""What the CPU benchmarks of the quick start share: its config, leases of its training
-prompts, and a random LoRA update for its model.
+"""What the CPU benchmarks of the quick start share: its LoRA config
+(``examples/shapes_flow_grpo_lora.yaml``, the quick start with a LoRA instead of every
+weight), leases of its training prompts, and a random LoRA update for its model.
 
 Imported by ``rollout_lora_mode.py`` and ``cpu_precision.py`` (not run on its own).
 """
@@ -16,7 +17,7 @@ from omnirl.models.weights import lora_state
 from omnirl.protocol.messages import PromptSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "examples" / "shapes_flow_grpo.yaml"
+CONFIG = ROOT / "examples" / "shapes_flow_grpo_lora.yaml"
 PROMPTS = ROOT / "examples" / "prompts" / "shapes_train.jsonl"
 
 

@@ -109,7 +109,7 @@ def test_launch_command_and_overrides(bench, tmp_path, monkeypatch):
     )
     code, _ = bench.run_one("mix_grpo", args)
     cmd = seen["cmd"]
-    assert code == 0 and cmd[1] == "launch" and cmd[2].endswith("shapes_flow_grpo.yaml")
+    assert code == 0 and cmd[1] == "launch" and cmd[2].endswith("shapes_flow_grpo_lora.yaml")
     assert cmd[-6:-2] == ["--rollout", "1", "--reward", "1"]  # options after the overrides
     assert cmd[-2:] == ["--address-timeout", "600"]
     assert {"algorithm.name=mix_grpo", "max_minutes=2", "sampling.sde_window=null",

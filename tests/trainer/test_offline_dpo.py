@@ -28,7 +28,7 @@ from omnirl.trainer.step import TrainStep
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "shapes_flow_grpo.yaml"
+EXAMPLE = ROOT / "examples" / "shapes_flow_grpo_lora.yaml"
 PROMPTS = ROOT / "examples" / "prompts" / "shapes_train.jsonl"
 ARCH = "ShapesT2IPipeline"
 
