@@ -45,9 +45,9 @@ def step_with_memory_fallback(
 ) -> dict[str, float]:
     """``train_step.step(groups, ...)``, retried at half the micro-batch after an
     out-of-memory error, down to one sample; ``release`` frees the device's cached memory
-    between tries. An error after an optimiser update is retried only if ``snapshot`` (taken
-    before this step) restores the weights. Any other error, and an out-of-memory error that
-    cannot be retried, propagates unchanged."""
+    between tries. One that came after an optimiser update of the step is retried only from
+    ``snapshot`` (taken before the step), which puts the weights back first. Any other error,
+    and an out-of-memory error that cannot be retried, propagates unchanged."""
     fallbacks = 0
     updates_before = train_step.num_updates
     while True:
