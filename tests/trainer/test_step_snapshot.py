@@ -14,17 +14,20 @@ import torch
 
 from omnirl.trainer.backend import AdapterBackend
 from omnirl.trainer.config import load_config
-from omnirl.trainer.step_snapshot import StepNotUndone, snapshot_steps
+from omnirl.trainer.step_snapshot import StepNotUndone, snapshot_steps, trainable_state_bytes
 
 
 def test_when_steps_are_snapshotted():
-    assert snapshot_steps("auto", lora=True, updates_per_step=1)
-    assert not snapshot_steps("auto", lora=False, updates_per_step=1)
-    assert snapshot_steps("auto", lora=False, updates_per_step=2)
-    assert snapshot_steps("always", lora=False, updates_per_step=1)
-    assert not snapshot_steps("never", lora=True, updates_per_step=4)
+    small, large = 300 << 20, 15 << 30  # a LoRA; a full fine-tune of SD3.5-M
+    assert snapshot_steps("auto", state_bytes=small, updates_per_step=1)
+    assert not snapshot_steps("auto", state_bytes=large, updates_per_step=1)
+    assert snapshot_steps("auto", state_bytes=large, updates_per_step=2)
+    assert snapshot_steps("always", state_bytes=large, updates_per_step=1)
+    assert not snapshot_steps("never", state_bytes=small, updates_per_step=4)
     with pytest.raises(ValueError, match="unknown step_snapshot 'sometimes'"):
-        snapshot_steps("sometimes", lora=True, updates_per_step=1)
+        snapshot_steps("sometimes", state_bytes=small, updates_per_step=1)
+    params = [torch.zeros(4, 8), torch.zeros(8, dtype=torch.bfloat16)]
+    assert trainable_state_bytes(params) == 3 * (32 * 4 + 8 * 2)
 
 
 def _backend(path, tmp_path, device, *overrides: str) -> AdapterBackend:

@@ -96,7 +96,11 @@ class AdapterBackend:
             needs_reference_pass,
         )
         from omnirl.trainer.step import TrainStep
-        from omnirl.trainer.step_snapshot import StepSnapshot, snapshot_steps
+        from omnirl.trainer.step_snapshot import (
+            StepSnapshot,
+            snapshot_steps,
+            trainable_state_bytes,
+        )
 
         self.model_path = str(cfg.model.path)
         self.architecture = architecture_of(self.model_path)
@@ -158,7 +162,7 @@ class AdapterBackend:
         resolved = self.train_step.config
         snapshot = snapshot_steps(
             cfg.train.step_snapshot,
-            lora=lora is not None,
+            state_bytes=trainable_state_bytes(self.train_step.params),
             updates_per_step=resolved.inner_epochs * resolved.num_minibatches,
         )
         # taken before every step, into the same host buffers; not under torchrun, where the

@@ -141,8 +141,9 @@ class TrainConfig:
     # linear warm-up over the first N optimisation steps, multiplying the schedule
     lr_warmup_steps: int = 0
     # copy what a step changes to host memory before it, to undo a step that fails after an
-    # optimiser update (its groups are then issued again): "auto" (LoRA steps, and a full
-    # fine-tune's steps with several updates), "always", "never" (omnirl.trainer.step_snapshot)
+    # optimiser update (its groups are then issued again): "auto" (a trainable state of at
+    # most 2 GiB, parameters and Adam's moments, as a LoRA's; a larger one only when a step
+    # makes several updates), "always", "never" (omnirl.trainer.step_snapshot)
     step_snapshot: str = "auto"
     clip_range: float | None = None
     kl_beta: float | None = None

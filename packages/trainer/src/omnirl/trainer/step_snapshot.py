@@ -8,11 +8,11 @@ metrics), part of it is already in the weights. So before such a step the backen
 what a step changes into host memory (:class:`StepSnapshot`) and puts it back if the step
 fails (:func:`rewind`).
 
-``train.step_snapshot`` chooses when: ``auto`` snapshots every LoRA step (a few MB to a few
-hundred MB; 0.5 % of an update in the SD3.5-M loop, ``docs/benchmarks.md``, "GPU,
-thirteenth session") and a full fine-tune's steps only when they make several updates (the
-copy then holds every weight and both Adam moments, three times the model's size in host
-memory); ``always``; ``never``. A failed step
+``train.step_snapshot`` chooses when: ``auto`` snapshots every step whose trainable state
+(the parameters and Adam's two moments) takes at most ``AUTO_SNAPSHOT_BYTES`` (a LoRA, even
+SD3.5-M's r32 at 0.5 % of an update, ``docs/benchmarks.md``, "GPU, thirteenth session"; a
+small model trained whole), and a larger one's only when the step makes several updates (a
+full fine-tune of SD3.5-M would copy about three times its weights); ``always``; ``never``. A failed step
 that changed the weights with no snapshot to undo it raises :class:`StepNotUndone`,
 and the server stops the run without writing a checkpoint of those weights.
 """
@@ -35,12 +35,22 @@ class StepNotUndone(RuntimeError):
     stop_run = True  # what the server looks for (it does not import torch)
 
 
-def snapshot_steps(policy: str, *, lora: bool, updates_per_step: int) -> bool:
-    """Whether ``train.step_snapshot`` = ``policy`` snapshots before each step."""
+# ``auto``'s limit on the trainable state it copies before every step
+AUTO_SNAPSHOT_BYTES = 2 << 30
+
+
+def trainable_state_bytes(params: Any) -> int:
+    """Bytes of the parameters and Adam's two moments (kept in the parameters' dtype)."""
+    return 3 * sum(p.numel() * p.element_size() for p in params)
+
+
+def snapshot_steps(policy: str, *, state_bytes: int, updates_per_step: int) -> bool:
+    """Whether ``train.step_snapshot`` = ``policy`` snapshots before each step, for a
+    trainable state of ``state_bytes`` (:func:`trainable_state_bytes`)."""
     if policy not in SNAPSHOT_POLICIES:
         raise ValueError(f"unknown step_snapshot {policy!r}; known: {list(SNAPSHOT_POLICIES)}")
     if policy == "auto":
-        return lora or updates_per_step > 1
+        return state_bytes <= AUTO_SNAPSHOT_BYTES or updates_per_step > 1
     return policy == "always"
 
 
