@@ -49,6 +49,16 @@ def empty_cache(device: torch.device | str) -> None:
         torch.cuda.empty_cache()
 
 
+def release_memory(device: torch.device | str | None) -> None:
+    """After failed work has dropped its references: collect what is left of it (cycles),
+    then :func:`empty_cache` on ``device`` (``None``: collect only)."""
+    import gc
+
+    gc.collect()
+    if device is not None:
+        empty_cache(device)
+
+
 def model_autocast(device_type: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """Autocast to ``dtype`` for a half-precision model on ``device_type``; a no-op for
     float32 models. On a CPU the attention itself runs in float32 (:class:`Float32Attention`)."""

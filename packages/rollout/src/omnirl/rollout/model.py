@@ -291,11 +291,6 @@ class RolloutModel:
 
     def release_memory(self) -> None:
         """Collect what failed work left and return the device's cached blocks."""
-        import gc
+        from omnirl.models.device import release_memory
 
-        from omnirl.models.device import empty_cache
-
-        gc.collect()
-        device = getattr(self.adapter, "device", None)
-        if device is not None:
-            empty_cache(device)
+        release_memory(getattr(self.adapter, "device", None))

@@ -243,9 +243,6 @@ class AdapterBackend:
     def release_memory(self) -> None:
         """After a failed step (the server has dropped its references): collect what is left
         of it and hand the device's cached blocks back."""
-        import gc
+        from omnirl.models.device import release_memory
 
-        from omnirl.models.device import empty_cache
-
-        gc.collect()
-        empty_cache(self.device)
+        release_memory(self.device)
