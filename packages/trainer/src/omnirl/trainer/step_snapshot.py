@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from omnirl.models.device import synchronize
 from omnirl.trainer.config import SNAPSHOT_POLICIES
 
 
@@ -107,8 +108,7 @@ class StepSnapshot:
         """Put ``train_step`` back as it was when this snapshot was taken."""
         if self.params is None:
             raise RuntimeError("restore of a snapshot that was never taken")
-        if any(saved.is_pinned() for saved in self.params):
-            torch.accelerator.synchronize()  # the copies into the buffers have landed
+        synchronize(train_step.device)  # the copies into the host buffers have landed
         with torch.no_grad():
             for param, saved in zip(train_step.params, self.params, strict=True):
                 param.copy_(saved)
