@@ -1,13 +1,14 @@
 """A rollout worker gives back a lease whose sampling failed (``LeaseReturn``): the trainer
 issues its open groups again at once, under the same ``group_id``s, instead of waiting for
-the lease's deadline; a return of a lease that is not open changes nothing."""
+the lease's deadline; a return of a lease that is not open changes nothing; a worker whose
+leases keep failing is benched (refused leases for a while)."""
 
 from __future__ import annotations
 
 import time
 
 from omnirl.protocol import encode
-from omnirl.protocol.messages import LeaseReturn
+from omnirl.protocol.messages import Lease, LeaseRequest, LeaseReturn, Refusal
 
 
 class NoModel:
@@ -34,5 +35,32 @@ def test_a_returned_lease_is_issued_again_at_once(null_server):
 
     server._on_control(b"peer", encode(back))  # again: no longer open, nothing changes
     assert led.counters["leases_returned"] == 1 and sorted(led.pending) == sorted(ids)
-    again = led.issue("rollout-0", 2, time.time(), policy_version=0, fresh=server.prompts.next)
-    assert sorted(p.group_id for p in again.prompts) == sorted(ids)
+    for gid in list(led.pending):  # the only worker: it gets them back, one lease each
+        again = led.issue("rollout-0", 2, time.time(), policy_version=0, fresh=server.prompts.next)
+        assert [p.group_id for p in again.prompts] == [gid]
+
+
+def test_a_worker_whose_leases_keep_failing_is_refused_leases_for_a_while(null_server):
+    server = null_server(
+        NoModel(), "runtime.worker_failure_limit=2", "runtime.bench_s=60", "train.groups_per_step=8"
+    )
+    server.rewards["reward-0"] = "tcp://127.0.0.1:1"  # a reward worker is registered
+    now = time.time()
+    for w in ("rollout-0", "rollout-1"):
+        server.ledger.heartbeat(w, now)
+    failed = []
+    for _ in range(2):  # two leases fail, on different groups
+        lease = server._lease_for(LeaseRequest(worker_id="rollout-0"), time.time())
+        assert isinstance(lease, Lease)
+        failed += [p.group_id for p in lease.prompts]
+        back = LeaseReturn(lease_id=lease.lease_id, worker_id="rollout-0", reason="CUDA error")
+        server._on_control(b"peer", encode(back))
+    assert len(set(failed)) == 2
+    refusal = server._lease_for(LeaseRequest(worker_id="rollout-0"), time.time())
+    assert isinstance(refusal, Refusal) and refusal.code == "no_work"
+    assert "benched" in refusal.reason and "rollout-0" in refusal.reason
+    assert server.status().counters["workers_benched"] == 1
+    # the rest of the fleet works on, on the failed groups first, one lease each
+    for gid in failed:
+        other = server._lease_for(LeaseRequest(worker_id="rollout-1", capacity=4), time.time())
+        assert isinstance(other, Lease) and [p.group_id for p in other.prompts] == [gid]

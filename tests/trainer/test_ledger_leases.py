@@ -180,11 +180,120 @@ def test_a_returned_lease_reissues_its_open_groups_at_once():
     led.heartbeat("w2", 0.0)
     a = led.issue("w1", 2, 0.0, policy_version=0, fresh=fresh)
     assert isinstance(led.accept("e0:i0", a.lease_id, 0, 0), Accepted)  # one came back
-    assert not led.return_lease(a.lease_id, "w2")  # not w2's to give back
-    assert led.return_lease(a.lease_id, "w1")
+    assert not led.return_lease(a.lease_id, "w2", 0.5)  # not w2's to give back
+    assert led.return_lease(a.lease_id, "w1", 0.5)
     assert a.lease_id not in led.leases and list(led.pending) == ["e0:i1"]
     assert led.counters["leases_returned"] == 1
-    assert not led.return_lease(a.lease_id, "w1")  # already closed: nothing changes
+    assert not led.return_lease(a.lease_id, "w1", 0.6)  # already closed: nothing changes
     b = led.issue("w2", 2, 1.0, policy_version=0, fresh=fresh)  # long before a's deadline
-    assert [p.group_id for p in b.prompts] == ["e0:i1", "e0:i2"]
+    assert [p.group_id for p in b.prompts] == ["e0:i1"]  # suspect: alone
     assert led.counters["groups_reissued"] == 1
+    c = led.issue("w2", 2, 1.0, policy_version=0, fresh=fresh)
+    assert [p.group_id for p in c.prompts] == ["e0:i2", "e0:i3"]  # fresh ones: as asked
+
+
+def _fail(led, worker, now, fresh, capacity=1):
+    """``worker`` takes a lease and gives it back failed; returns the lease's group ids."""
+    lease = led.issue(worker, capacity, now, policy_version=0, fresh=fresh)
+    assert led.return_lease(lease.lease_id, worker, now)
+    return [p.group_id for p in lease.prompts]
+
+
+def test_a_failed_group_goes_to_another_worker_while_one_is_available():
+    led, fresh = _ledger(groups_per_step=8), _fresh()
+    for w in ("w1", "w2"):
+        led.heartbeat(w, 0.0)
+    assert _fail(led, "w1", 0.0, fresh, capacity=3) == ["e0:i0", "e0:i1", "e0:i2"]
+    # w1 asks again: none of its failed groups, fresh ones instead
+    again = led.issue("w1", 2, 0.1, policy_version=0, fresh=fresh)
+    assert [p.group_id for p in again.prompts] == ["e0:i3", "e0:i4"]
+    # w2 takes them one lease each, oldest first
+    for gid in ("e0:i0", "e0:i1", "e0:i2"):
+        lease = led.issue("w2", 3, 0.2, policy_version=0, fresh=fresh)
+        assert [p.group_id for p in lease.prompts] == [gid]
+    # once w2 has failed on a group too, it may go back to w1 (no other worker is left)
+    led2, fresh2 = _ledger(), _fresh()
+    for w in ("w1", "w2"):
+        led2.heartbeat(w, 0.0)
+    assert _fail(led2, "w1", 0.0, fresh2) == ["e0:i0"]
+    assert _fail(led2, "w2", 0.1, fresh2) == ["e0:i0"]
+    assert [
+        p.group_id for p in led2.issue("w1", 1, 0.2, policy_version=0, fresh=fresh2).prompts
+    ] == ["e0:i0"]
+
+
+def test_the_only_worker_gets_its_failed_group_back():
+    led, fresh = _ledger(), _fresh()
+    led.heartbeat("w1", 0.0)
+    led.heartbeat("reward-0", 0.0, role="reward")  # not a rollout worker: no alternative
+    assert _fail(led, "w1", 0.0, fresh) == ["e0:i0"]
+    for t in range(1, 5):  # one group failing again and again benches nobody (a bad prompt?)
+        assert _fail(led, "w1", float(t), fresh, capacity=2) == ["e0:i0"]  # alone
+    assert led.benched_for("w1", 5.0) == 0.0
+    assert _fail(led, "w1", 5.0, fresh) == ["e0:i0"]  # issued a sixth time: abandoned
+    assert led.groups["e0:i0"].state == "abandoned"
+    assert _fail(led, "w1", 6.0, fresh) == ["e0:i1"]  # the next group fails too: benched
+    assert led.benched_for("w1", 6.0) == 30.0
+
+
+def test_a_worker_that_fails_every_lease_is_benched_with_doubling_length():
+    led, fresh = _ledger(groups_per_step=16, worker_failure_limit=3, bench_s=30.0), _fresh()
+    for w in ("w1", "w2"):
+        led.heartbeat(w, 0.0)
+    _fail(led, "w1", 0.0, fresh)
+    _fail(led, "w1", 1.0, fresh)
+    assert led.benched_for("w1", 1.0) == 0.0
+    _fail(led, "w1", 2.0, fresh)  # third failure, third distinct group
+    assert led.benched_for("w1", 2.0) == 30.0 and led.benched_for("w2", 2.0) == 0.0
+    assert led.counters["workers_benched"] == 1
+    # while w1 sits out, its three groups are w2's (w1 is not available to take them)
+    assert [p.group_id for p in led.issue("w2", 4, 3.0, policy_version=0, fresh=fresh).prompts] == [
+        "e0:i0"
+    ]
+    # back after the bench, it fails once more: benched again at once, twice as long
+    _fail(led, "w1", 33.0, fresh)
+    assert led.benched_for("w1", 33.0) == 60.0
+    # a completed lease clears its record: the next bench takes three failures again
+    lease = led.issue("w1", 1, 94.0, policy_version=0, fresh=fresh)
+    for p in lease.prompts:
+        assert isinstance(led.accept(p.group_id, lease.lease_id, 0, 0), Accepted)
+    assert led.workers["w1"].failed_leases == 0 and led.workers["w1"].benches == 0
+    _fail(led, "w1", 95.0, fresh)
+    _fail(led, "w1", 96.0, fresh)
+    assert led.benched_for("w1", 96.0) == 0.0
+    _fail(led, "w1", 97.0, fresh)
+    assert led.benched_for("w1", 97.0) == 30.0
+
+
+def test_one_bad_prompt_benches_nobody_and_is_abandoned_while_the_rest_flows():
+    """A prompt that breaks sampling on every worker fails alone, is tried on each worker
+    in turn, and is abandoned after max_reissues; no worker is benched by it."""
+    led, fresh = _ledger(groups_per_step=8, max_reissues=3, worker_failure_limit=2), _fresh()
+    for w in ("w1", "w2"):
+        led.heartbeat(w, 0.0)
+    first = led.issue("w1", 3, 0.0, policy_version=0, fresh=fresh)
+    assert led.return_lease(first.lease_id, "w1", 0.0)  # e0:i0 is bad, e0:i1 and e0:i2 not
+    workers, t = [], 1.0
+    while led.states["abandoned"] == 0:
+        for w in ("w2", "w1"):
+            lease = led.issue(w, 3, t, policy_version=0, fresh=fresh)
+            if lease is None:
+                continue
+            ids = [p.group_id for p in lease.prompts]
+            if "e0:i0" in ids:
+                assert ids == ["e0:i0"]
+                workers.append(w)
+                led.return_lease(lease.lease_id, w, t)
+            else:
+                for gid in ids:
+                    assert isinstance(led.accept(gid, lease.lease_id, 0, 0), Accepted)
+            t += 1.0
+    # tried on w2 first (w1 had failed on it), then wherever: 4 issues in all, then abandoned
+    assert workers[0] == "w2" and len(workers) == 3
+    assert led.groups["e0:i0"].state == "abandoned" and led.groups["e0:i0"].issues == 4
+    while led.pending:  # the good groups of the first lease still go out, and succeed
+        lease = led.issue("w2", 3, t, policy_version=0, fresh=fresh)
+        for p in lease.prompts:
+            assert isinstance(led.accept(p.group_id, lease.lease_id, 0, 0), Accepted)
+    assert led.groups["e0:i1"].state == led.groups["e0:i2"].state == "accepted"
+    assert led.counters["workers_benched"] == 0

@@ -190,6 +190,10 @@ class RuntimeConfig:
     max_message_bytes: int = 1 << 30
     weight_chunk_bytes: int = 64 << 20
     max_reissues: int = 5  # a group reissued more often than this is abandoned (counted)
+    # a rollout worker whose last this-many leases all failed (given back, no group common to
+    # all) gets no lease for bench_s, doubled on each bench in a row; 0: never
+    worker_failure_limit: int = 3
+    bench_s: float = 30.0
     shutdown_grace_s: float = 3.0  # after max_steps, keep answering "shutdown" this long
     insecure: bool = False  # allow a non-loopback bind without CurveZMQ keys
     keys_dir: str | None = None  # CurveZMQ keys (see omnirl.protocol.auth); null: none
@@ -289,6 +293,9 @@ def _validate(cfg: DictConfig) -> None:
         ("runtime.weight_chunk_bytes", cfg.runtime.weight_chunk_bytes >= 1),
         ("runtime.heartbeat_timeout_s", cfg.runtime.heartbeat_timeout_s > 0),
         ("runtime.lease_timeout_s", cfg.runtime.lease_timeout_s > 0),
+        ("runtime.max_reissues", cfg.runtime.max_reissues >= 0),
+        ("runtime.worker_failure_limit", cfg.runtime.worker_failure_limit >= 0),
+        ("runtime.bench_s", cfg.runtime.bench_s > 0),
     ]
     for key, ok in checks:
         if not ok:

@@ -79,7 +79,7 @@ class FleetControl:
                 )
             elif isinstance(msg, LeaseReturn):
                 self.ledger.heartbeat(msg.worker_id, now, role=role)
-                self._on_lease_return(msg)
+                self._on_lease_return(msg, now)
             else:
                 self.ledger.heartbeat(msg.worker_id, now, role=role)
                 self._reply(self.control, peer, self._lease_for(msg, now))
@@ -88,16 +88,28 @@ class FleetControl:
             reason = f"{type(msg).__name__} is not a control request"
             self._reply(self.control, peer, Refusal(code="unexpected_kind", reason=reason))
 
-    def _on_lease_return(self, msg: LeaseReturn) -> None:
-        if self.ledger.return_lease(msg.lease_id, msg.worker_id):
-            log.warning(
-                "worker %s gave lease %s back unfinished (%s); its groups are issued again",
-                msg.worker_id,
-                msg.lease_id,
-                msg.reason or "no reason given",
-            )
-        else:  # expired already (and reissued), or finished
+    def _on_lease_return(self, msg: LeaseReturn, now: float) -> None:
+        benched = self.ledger.benched_for(msg.worker_id, now)
+        if not self.ledger.return_lease(msg.lease_id, msg.worker_id, now):
+            # expired already (and reissued), or finished
             log.info("worker %s gave back lease %s, no longer open", msg.worker_id, msg.lease_id)
+            return
+        log.warning(
+            "worker %s gave lease %s back unfinished (%s); its groups are issued again",
+            msg.worker_id,
+            msg.lease_id,
+            msg.reason or "no reason given",
+        )
+        bench = self.ledger.benched_for(msg.worker_id, now)
+        if bench > benched:
+            rec = self.ledger.workers[msg.worker_id]
+            log.warning(
+                "worker %s benched for %.0f s: its last %d leases failed, with no group "
+                "common to them; it gets no lease until then (runtime.worker_failure_limit)",
+                msg.worker_id,
+                bench,
+                rec.failed_leases,
+            )
 
     def _readmit(self, worker_id: str, now: float) -> bool:
         """A worker declared lost that speaks again (a long stall, not a death): take it
@@ -168,6 +180,10 @@ class FleetControl:
             return Refusal(code="no_work", reason="no reward worker has registered yet")
         if self.step >= self.cfg.max_steps:
             return Refusal(code="no_work", reason="max_steps reached")
+        bench = self.ledger.benched_for(req.worker_id, now)
+        if bench > 0:
+            reason = f"worker {req.worker_id!r} is benched for {bench:.0f} s: its leases failed"
+            return Refusal(code="no_work", reason=reason, ref=req.worker_id)
         capacity = max(1, min(req.capacity, self.cfg.data.prompts_per_lease))
         lease = self.ledger.issue(
             req.worker_id, capacity, now, policy_version=self.version, fresh=self.prompts.next

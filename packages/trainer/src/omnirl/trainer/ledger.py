@@ -18,6 +18,15 @@ reissue, or the reissue); every later copy is a :class:`Duplicate`.
 unless another copy of it is already out, so stale results never lose data; the
 ``max_reissues`` cap keeps a hopeless prompt from circulating forever.
 
+**Failed leases** (a worker gave a lease back, ``return_lease``): its open groups are
+*suspect*. A suspect group goes out alone (a prompt that breaks sampling takes no other
+group down with it) and, while a live rollout worker it has not failed on is available,
+not to a worker it failed on. A worker whose last ``worker_failure_limit`` leases all came
+back failed, with no group common to all of them, is *benched*: it gets no lease for
+``bench_s``, doubled on each bench in a row; one completed lease clears its record. So one
+bad prompt (a group in every failed lease) benches no worker, while a worker that fails
+everything stops burning the groups' reissues.
+
 **Lease budget**: at most ``groups_per_step * (max_staleness + 1)`` groups are issued or
 accepted-but-untrained at once. With ``max_staleness = 0`` that is one step's worth, so no
 lease of version ``v + 1`` goes out until the step on version ``v`` has consumed its batch,
@@ -94,6 +103,10 @@ class WorkerRecord:
     last_seen: float
     policy_version: int = -1
     leases: list[str] = field(default_factory=list)  # as reported by its last heartbeat
+    failed_leases: int = 0  # leases given back failed since its last completed one
+    failed_common: set[str] | None = None  # groups in every one of those leases
+    benched_until: float = 0.0
+    benches: int = 0  # benches in a row (each doubles the next one's length)
 
 
 @dataclass
@@ -102,6 +115,7 @@ class GroupRecord:
     state: str  # pending | issued | accepted | trained | abandoned
     lease_id: str = ""
     issues: int = 0  # how many times it went out
+    failed_on: set[str] = field(default_factory=set)  # workers that gave it back failed
 
 
 class Ledger:
@@ -113,6 +127,8 @@ class Ledger:
         lease_timeout_s: float = 300.0,
         heartbeat_timeout_s: float = 10.0,
         max_reissues: int = 5,
+        worker_failure_limit: int = 3,
+        bench_s: float = 30.0,
         run_id: str = "run",
     ):
         self.groups_per_step = groups_per_step
@@ -120,6 +136,8 @@ class Ledger:
         self.lease_timeout_s = lease_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.max_reissues = max_reissues
+        self.worker_failure_limit = worker_failure_limit  # 0: never bench
+        self.bench_s = bench_s
         self.run_id = run_id
         self.leases: dict[str, LeaseRecord] = {}
         self.workers: dict[str, WorkerRecord] = {}
@@ -155,6 +173,11 @@ class Ledger:
     def live_workers(self, role: str | None = None) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if role is None or w.role == role]
 
+    def benched_for(self, worker_id: str, now: float) -> float:
+        """Seconds left on ``worker_id``'s bench (0: it may take leases)."""
+        rec = self.workers.get(worker_id)
+        return max(0.0, rec.benched_until - now) if rec is not None else 0.0
+
     # ----------------------------------------------------------------------------- leases
     def in_flight(self) -> int:
         """Groups issued or accepted but not yet trained (what the lease budget bounds)."""
@@ -179,11 +202,10 @@ class Ledger:
         n = min(max(capacity, 0), self.budget())
         if n <= 0:
             return None
-        prompts: list[PromptSpec] = []
-        while self.pending and len(prompts) < n:
-            gid, _ = self.pending.popitem(last=False)
-            prompts.append(self.groups[gid].prompt)
-            self.counters["groups_reissued"] += 1
+        prompts = [self.groups[gid].prompt for gid in self._reissues_for(worker_id, n, now)]
+        self.counters["groups_reissued"] += len(prompts)
+        if prompts and self.groups[prompts[0].group_id].failed_on:
+            n = 1  # a suspect group goes out alone
         while len(prompts) < n:
             prompt = fresh()
             if prompt.group_id in self.groups:  # the data source wrapped onto a live id
@@ -236,14 +258,49 @@ class Ledger:
             expired.append(lease.lease_id)
         return expired
 
-    def return_lease(self, lease_id: str, worker_id: str) -> bool:
+    def _reissues_for(self, worker_id: str, n: int, now: float) -> list[str]:
+        """Take up to ``n`` pending groups for ``worker_id``, oldest first: a suspect group
+        alone, and none that failed on this worker while another available one has not."""
+        available = {
+            w.worker_id
+            for w in self.workers.values()
+            if w.role == "rollout" and w.benched_until <= now
+        } | {worker_id}
+        taken: list[str] = []
+        for gid in self.pending:
+            failed_on = self.groups[gid].failed_on
+            if worker_id in failed_on and not available <= failed_on:
+                continue  # another worker may succeed where this one failed
+            if failed_on and taken:
+                continue  # suspect: it goes out in a lease of its own
+            taken.append(gid)
+            if failed_on or len(taken) == n:
+                break
+        for gid in taken:
+            del self.pending[gid]
+        return taken
+
+    def return_lease(self, lease_id: str, worker_id: str, now: float) -> bool:
         """A worker gave ``lease_id`` back unfinished: its open groups go back to
-        ``pending`` now. Returns False (nothing changes) for a lease that is no longer open
-        or is not that worker's."""
+        ``pending`` now, marked suspect, and the worker's failures are counted (it may be
+        benched, see the module docstring). Returns False (nothing changes) for a lease
+        that is no longer open or is not that worker's."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.worker_id != worker_id:
             return False
         self.counters["leases_returned"] += 1
+        for gid in lease.open:
+            self.groups[gid].failed_on.add(worker_id)
+        rec = self.workers.get(worker_id)
+        if rec is not None:
+            rec.failed_leases += 1
+            common = set(lease.open) if rec.failed_common is None else rec.failed_common
+            rec.failed_common = common & lease.open
+            limit = self.worker_failure_limit
+            if limit and rec.failed_leases >= limit and not rec.failed_common:
+                rec.benched_until = now + self.bench_s * 2**rec.benches
+                rec.benches += 1
+                self.counters["workers_benched"] += 1
         self._close(lease, requeue=True)
         return True
 
@@ -284,6 +341,9 @@ class Ledger:
             if not lease.open:
                 del self.leases[lease.lease_id]
                 self.counters["leases_completed"] += 1
+                rec = self.workers.get(lease.worker_id)
+                if rec is not None:  # it works again: forget its failures
+                    rec.failed_leases, rec.benches, rec.failed_common = 0, 0, None
         g.lease_id = ""
 
     # ----------------------------------------------------------------------------- intake

@@ -101,6 +101,8 @@ class TrainerServer(FleetControl):
             lease_timeout_s=rt.lease_timeout_s,
             heartbeat_timeout_s=rt.heartbeat_timeout_s,
             max_reissues=rt.max_reissues,
+            worker_failure_limit=rt.worker_failure_limit,
+            bench_s=rt.bench_s,
             run_id=self.run_id,
         )
         if prompts is None:
