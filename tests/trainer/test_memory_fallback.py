@@ -8,6 +8,8 @@ card with that much room would. Everything else is the real TrainStep.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -70,6 +72,23 @@ def test_an_out_of_memory_step_is_retried_at_half_the_micro_batch(tiny_sd3_path,
         step, tiny_sd3_groups, policy_version=1, lr_scale=1.0, release=lambda: released.append(1)
     )
     assert limit.refused == [8, 4] and "micro_batch_fallbacks" not in metrics
+
+    # a resumed run with the same config starts at 2; one configured otherwise keeps its own
+    buffer = io.BytesIO()
+    torch.save(step.state_dict(), buffer)
+    for configured, expected in ((8, 2), (4, 4), (0, 0)):
+        resumed = _step(tiny_sd3_path, micro_batch_size=configured)
+        buffer.seek(0)
+        resumed.load_state_dict(torch.load(buffer, weights_only=False))
+        assert resumed.config.micro_batch_size == expected
+    resumed = _step(tiny_sd3_path, micro_batch_size=8)
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    resumed.adapter.transition = again = RowLimit(resumed.adapter, 2)
+    metrics = step_with_memory_fallback(
+        resumed, tiny_sd3_groups, policy_version=2, lr_scale=1.0, release=lambda: None
+    )
+    assert again.refused == [] and "micro_batch_fallbacks" not in metrics
 
 
 class SecondMinibatchLimit:

@@ -13,14 +13,16 @@ happened before the error, or one had and the step's snapshot put the weights ba
 And only in one process: under ``torchrun`` one rank's retry would leave the others waiting
 in a collective; the run stops there as before. The smaller size stays for the rest of the
 run, logged, and reported in the metrics as ``micro_batch_size`` and
-``micro_batch_fallbacks``.
+``micro_batch_fallbacks``. It is saved with the step's state, so a run resumed with the same
+``micro_batch_size`` in its config starts at the smaller size instead of running out of
+memory again; a config that asks for another size wins.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -75,3 +77,26 @@ def step_with_memory_fallback(
         metrics["micro_batch_fallbacks"] = float(fallbacks)
         metrics["micro_batch_size"] = float(train_step.config.micro_batch_size)
     return metrics
+
+
+def micro_batch_state(train_step: Any) -> dict[str, int]:
+    """The micro-batch sizes a checkpoint keeps: the configured one and the one in use."""
+    return {
+        "configured": int(train_step.configured_micro_batch_size),
+        "in_use": int(train_step.config.micro_batch_size),
+    }
+
+
+def restore_micro_batch(train_step: Any, saved: Mapping[str, int] | None) -> None:
+    """Go on at the micro-batch a resumed run had fallen back to, if this run's config asks
+    for the size that ran out of memory (a changed config, e.g. on a larger GPU, wins)."""
+    if not saved or saved["configured"] != train_step.configured_micro_batch_size:
+        return
+    if saved["in_use"] != train_step.config.micro_batch_size:
+        train_step.config.micro_batch_size = int(saved["in_use"])
+        log.info(
+            "micro-batch %d as before the resume (it fell back from %d after running out of "
+            "device memory; set algorithm.overrides.micro_batch_size to another value to change)",
+            saved["in_use"],
+            saved["configured"],
+        )

@@ -44,6 +44,7 @@ from omnirl.trainer.algorithms.registry import (
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator, batch_metrics
 from omnirl.trainer.algorithms.windows import window_buckets
 from omnirl.trainer.ema import EMA
+from omnirl.trainer.memory_fallback import micro_batch_state, restore_micro_batch
 from omnirl.trainer.optim import OptimConfig, build_adamw, set_lr, trainable
 
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ class TrainStep:
         self.spec = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
         self.config = (config or TrainStep.Config()).resolve(self.spec)
         cfg = self.config
+        self.configured_micro_batch_size = cfg.micro_batch_size  # before any memory fallback
         self.estimator = get_advantage(self.spec.advantage)
         self.loss = build_loss(self.spec, cfg)
         self.needs_reference = needs_reference_pass(self.spec, self.loss)
@@ -253,6 +255,7 @@ class TrainStep:
             "num_updates": self.num_updates,
             "algorithm": self.spec.name,
             "float8": self.adapter.float8_state(),  # static scales: resume without calibrating
+            "micro_batch": micro_batch_state(self),  # a memory fallback outlives a resume
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -270,6 +273,7 @@ class TrainStep:
         self.num_updates = int(state["num_updates"])
         if state.get("float8") is not None:
             self.adapter.load_float8_state(state["float8"])
+        restore_micro_batch(self, state.get("micro_batch"))
 
     # ---------------------------------------------------------------------------- private
 
