@@ -100,7 +100,7 @@ def test_other_major_version_names_both():
     header = header_dict(m.Ack(ref="x"))
     header["v"] = [2, 0]
     with pytest.raises(
-        VersionMismatch, match=r"peer speaks protocol 2\.0, this process speaks 1\.1"
+        VersionMismatch, match=r"peer speaks protocol 2\.0, this process speaks 1\.2"
     ):
         decode([msgspec.msgpack.encode(header)])
     # Checked before the schema: a major-2 message may look like nothing we know.

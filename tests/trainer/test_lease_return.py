@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 
-from omnirl.protocol import encode
+from omnirl.protocol import decode, encode
 from omnirl.protocol.messages import Lease, LeaseRequest, LeaseReturn, Refusal
+from omnirl.tools.status import format_status
 
 
 class NoModel:
@@ -59,7 +60,12 @@ def test_a_worker_whose_leases_keep_failing_is_refused_leases_for_a_while(null_s
     refusal = server._lease_for(LeaseRequest(worker_id="rollout-0"), time.time())
     assert isinstance(refusal, Refusal) and refusal.code == "no_work"
     assert "benched" in refusal.reason and "rollout-0" in refusal.reason
-    assert server.status().counters["workers_benched"] == 1
+    status = server.status()
+    assert status.counters["workers_benched"] == 1
+    benched = {w.worker_id: w.benched_s for w in status.workers}
+    assert 59 < benched["rollout-0"] <= 60 and benched["rollout-1"] == 0
+    lines = format_status(decode(encode(status))).splitlines()  # as `omnirl status` shows it
+    assert [x for x in lines if "benched " in x] == [x for x in lines if "rollout-0 " in x]
     # the rest of the fleet works on, on the failed groups first, one lease each
     for gid in failed:
         other = server._lease_for(LeaseRequest(worker_id="rollout-1", capacity=4), time.time())

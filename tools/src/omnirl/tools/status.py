@@ -1,7 +1,8 @@
 """``omnirl status --trainer ADDR``: the trainer's view of a running fleet.
 
 Sends a ``StatusRequest`` on the trainer's control socket and prints the ``Status``:
-workers (role, version held, last heard, leases in hand), the policy version and step,
+workers (role, version held, last heard, leases in hand, time left on a bench), the policy
+version and step,
 leases in flight, buffered groups, intake rate and the ledger's counters. ``--json``
 prints the message itself; ``--watch S`` repeats every S seconds.
 """
@@ -78,6 +79,7 @@ def format_status(status) -> str:
             lines.append(
                 f"{w.worker_id:<24} {w.role:<8} {version:>7} {w.last_seen_s:>6.1f}s  {leases}"
                 + (f"  @ {w.address}" if w.address else "")
+                + (f"  benched {w.benched_s:.0f}s" if w.benched_s > 0 else "")
             )
     else:
         lines.append("no workers")

@@ -300,6 +300,7 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     last_seen_s: float = 0.0  # seconds since the trainer last heard from it
     leases: list[str] = []
     address: str = ""
+    benched_s: float = 0.0  # seconds until it gets leases again (its leases kept failing)
 
 
 class Status(Message, tag="status", kw_only=True):

@@ -6,10 +6,11 @@ reader at minor N refuses as unknown kinds while the rest of the exchange goes o
 different major is refused.
 
 1.1: ``LeaseReturn`` (a rollout worker gives back a lease whose sampling failed).
+1.2: ``WorkerStatus.benched_s`` (a worker refused leases after its leases kept failing).
 """
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1
+PROTOCOL_MINOR = 2
 PROTOCOL_VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)
 
 

@@ -240,6 +240,7 @@ class FleetControl:
                     if lease.worker_id == w.worker_id
                 ],
                 address=self.rewards.get(w.worker_id, ""),
+                benched_s=self.ledger.benched_for(w.worker_id, now),
             )
             for w in self.ledger.workers.values()
         ]
