@@ -6,6 +6,7 @@ image's flow-matching error falls relative to the rejected one's, against the re
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +100,13 @@ def test_resume_continues_at_the_next_pair(tiny_shapes_path, prefs, tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*"))[-1] == "step_00000002"
 
 
-def test_refusals(tiny_shapes_path, prefs, tmp_path):
+def test_refusals(tiny_shapes_path, prefs, tmp_path, capsys):
+    # a model folder that is not there: a one-line error that names the directory a
+    # relative path was read from, not a traceback
+    assert _run(tmp_path / "no_model", prefs[3], tmp_path / "m") == 2
+    err = capsys.readouterr().err
+    assert "no_model" in err and f"working directory, {os.getcwd()}" in err
+    assert "Traceback" not in err
     assert (
         _run(tiny_shapes_path, prefs[3], tmp_path / "x", overrides=["algorithm.name=flow_grpo"])
         == 2

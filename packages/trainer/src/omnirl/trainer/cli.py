@@ -188,6 +188,13 @@ def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
     except DataError as err:
         print(f"trainer: data error: {err}", file=sys.stderr)
         return 2
+    except FileNotFoundError as err:  # a model folder, a checkpoint, a prompt file
+        print(
+            f"trainer: {err} (a relative path in the config is read from the working "
+            f"directory, {os.getcwd()})",
+            file=sys.stderr,
+        )
+        return 2
     except Exception:
         log.exception("trainer: cannot set up the run")
         return 1
