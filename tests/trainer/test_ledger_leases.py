@@ -253,16 +253,21 @@ def test_a_worker_that_fails_every_lease_is_benched_with_doubling_length():
     # back after the bench, it fails once more: benched again at once, twice as long
     _fail(led, "w1", 33.0, fresh)
     assert led.benched_for("w1", 33.0) == 60.0
+    # the length stops doubling at 32 benches' worth
+    for i, t in enumerate((93.0, 214.0, 455.0, 936.0, 1897.0)):
+        _fail(led, "w1", t, fresh)
+        assert led.benched_for("w1", t) == 30.0 * 2 ** min(2 + i, 5)
+    t = 1897.0 + 960.0
     # a completed lease clears its record: the next bench takes three failures again
-    lease = led.issue("w1", 1, 94.0, policy_version=0, fresh=fresh)
+    lease = led.issue("w1", 1, t + 1, policy_version=0, fresh=fresh)
     for p in lease.prompts:
         assert isinstance(led.accept(p.group_id, lease.lease_id, 0, 0), Accepted)
     assert led.workers["w1"].failed_leases == 0 and led.workers["w1"].benches == 0
-    _fail(led, "w1", 95.0, fresh)
-    _fail(led, "w1", 96.0, fresh)
-    assert led.benched_for("w1", 96.0) == 0.0
-    _fail(led, "w1", 97.0, fresh)
-    assert led.benched_for("w1", 97.0) == 30.0
+    _fail(led, "w1", t + 2, fresh)
+    _fail(led, "w1", t + 3, fresh)
+    assert led.benched_for("w1", t + 3) == 0.0
+    _fail(led, "w1", t + 4, fresh)
+    assert led.benched_for("w1", t + 4) == 30.0
 
 
 def test_one_bad_prompt_benches_nobody_and_is_abandoned_while_the_rest_flows():

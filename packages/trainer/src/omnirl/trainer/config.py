@@ -191,7 +191,7 @@ class RuntimeConfig:
     weight_chunk_bytes: int = 64 << 20
     max_reissues: int = 5  # a group reissued more often than this is abandoned (counted)
     # a rollout worker whose last this-many leases all failed (given back, no group common to
-    # all) gets no lease for bench_s, doubled on each bench in a row; 0: never
+    # all) gets no lease for bench_s, doubled on each bench in a row (at most 32 x); 0: never
     worker_failure_limit: int = 3
     bench_s: float = 30.0
     shutdown_grace_s: float = 3.0  # after max_steps, keep answering "shutdown" this long

@@ -23,7 +23,8 @@ unless another copy of it is already out, so stale results never lose data; the
 group down with it) and, while a live rollout worker it has not failed on is available,
 not to a worker it failed on. A worker whose last ``worker_failure_limit`` leases all came
 back failed, with no group common to all of them, is *benched*: it gets no lease for
-``bench_s``, doubled on each bench in a row; one completed lease clears its record. So one
+``bench_s``, doubled on each bench in a row (up to 32 times ``bench_s``); one completed
+lease clears its record. So one
 bad prompt (a group in every failed lease) benches no worker, while a worker that fails
 everything stops burning the groups' reissues.
 
@@ -298,7 +299,7 @@ class Ledger:
             rec.failed_common = common & lease.open
             limit = self.worker_failure_limit
             if limit and rec.failed_leases >= limit and not rec.failed_common:
-                rec.benched_until = now + self.bench_s * 2**rec.benches
+                rec.benched_until = now + self.bench_s * 2 ** min(rec.benches, 5)
                 rec.benches += 1
                 self.counters["workers_benched"] += 1
         self._close(lease, requeue=True)
