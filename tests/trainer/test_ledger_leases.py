@@ -271,8 +271,9 @@ def test_a_worker_that_fails_every_lease_is_benched_with_doubling_length():
 
 
 def test_one_bad_prompt_benches_nobody_and_is_abandoned_while_the_rest_flows():
-    """A prompt that breaks sampling on every worker fails alone, is tried on each worker
-    in turn, and is abandoned after max_reissues; no worker is benched by it."""
+    """A prompt that breaks sampling on every worker fails alone, goes to the worker it has
+    not failed on first, and is abandoned after max_reissues; no worker is benched by it,
+    though w1 fails on it twice in a row (the limit here is 2): it is in every failed lease."""
     led, fresh = _ledger(groups_per_step=8, max_reissues=3, worker_failure_limit=2), _fresh()
     for w in ("w1", "w2"):
         led.heartbeat(w, 0.0)
