@@ -282,3 +282,40 @@ def test_summary_counts_the_distinct_prompts_among_the_lines():
         cats["two_object"]["distinct"] + cats["single_object"]["distinct"]
     )
     assert "distinct" in format_table(summary).splitlines()[0]
+
+
+def test_unnamed_colours_show_a_policy_that_draws_one_colour_only():
+    """Renders of the prompts that name no colour, all in red, against the same prompts in
+    the renderer's own colours: both pass strict, only the colour entropy tells them apart."""
+    import dataclasses
+
+    from omnirl.reward.shapes.render import render
+    from omnirl.tools.eval_shapes import format_table, load_prompt_file, score_images, summarise
+
+    specs = load_prompt_file(ROOT / "examples" / "prompts" / "shapes_heldout.jsonl")
+    free = [s for s in specs if all(o.colour is None for o in s.objects)][:40]
+    named = [s for s in specs if all(o.colour is not None for o in s.objects)][:10]
+    assert len(free) == 40 and len(named) == 10
+
+    def red(spec):
+        objects = tuple(dataclasses.replace(o, colour="red") for o in spec.objects)
+        return dataclasses.replace(spec, objects=objects)
+
+    chosen = free + named
+    own = np.stack([[render(s, 32, seed=k) for k in range(2)] for s in chosen])
+    all_red = np.stack(
+        [[render(red(s) if s in free else s, 32, seed=k) for k in range(2)] for s in chosen]
+    )
+    varied, collapsed = (
+        summarise(score_images(own, chosen)),
+        summarise(score_images(all_red, chosen)),
+    )
+    for summary in (varied, collapsed):
+        assert summary["overall"]["strict"] > 0.9  # the reward accepts either
+        assert summary["unnamed_colours"]["images"] == 80
+    assert collapsed["unnamed_colours"]["top"] == "red"
+    assert collapsed["unnamed_colours"]["shares"]["red"] == 1.0
+    assert collapsed["unnamed_colours"]["entropy"] == 0.0
+    assert varied["unnamed_colours"]["entropy"] > 0.8
+    assert varied["unnamed_colours"]["objects"] >= 80
+    assert "entropy 0.00 of 1" in format_table(collapsed)

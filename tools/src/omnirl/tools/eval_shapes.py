@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from omnirl.reward.shapes import CATEGORIES, ShapeSpec, score_batch
+from omnirl.reward.shapes.world import COLOURS
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -47,6 +48,9 @@ class EvalRun:
     partial: np.ndarray  # float64 [P, S]
     images: np.ndarray  # uint8 [P, S, H, W, 3]
     seconds: float
+    # detected objects of each palette colour (``COLOURS`` order; objects of no palette colour
+    # are not counted) per image, int64 [P, S, C]; None where the run kept no detections
+    colours: np.ndarray | None = None
 
 
 def load_prompt_file(path: str | Path) -> list[ShapeSpec]:
@@ -81,17 +85,32 @@ def evaluate(
     size, seed)."""
     sampling = eval_sampling(seeds, **sampling_options)
     t0 = time.perf_counter()
-    strict = np.zeros((len(specs), seeds), dtype=bool)
-    partial = np.zeros((len(specs), seeds), dtype=np.float64)
     images = np.zeros((len(specs), seeds, sampling.height, sampling.width, 3), dtype=np.uint8)
     groups = sample_specs(adapter, specs, sampling, batch_prompts=batch_prompts, tag="eval")
-    for i, (group, spec) in enumerate(groups):
-        imgs = group.images.numpy()
-        images[i] = imgs
-        for k, sc in enumerate(score_batch(imgs, spec)):
+    for i, (group, _) in enumerate(groups):
+        images[i] = group.images.numpy()
+    run = score_images(images, specs)
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+def score_images(images: np.ndarray, specs: list[ShapeSpec]) -> EvalRun:
+    """Score ``images`` uint8 ``[P, S, H, W, 3]`` (``S`` images of ``specs[p]`` each) with the
+    ShapesEval detector: strict, partial and the detected objects' colours."""
+    p, s = images.shape[:2]
+    if p != len(specs):
+        raise ValueError(f"{p} rows of images for {len(specs)} prompts")
+    strict = np.zeros((p, s), dtype=bool)
+    partial = np.zeros((p, s), dtype=np.float64)
+    colours = np.zeros((p, s, len(COLOURS)), dtype=np.int64)
+    for i, spec in enumerate(specs):
+        for k, sc in enumerate(score_batch(images[i], spec)):
             strict[i, k] = sc.strict
             partial[i, k] = sc.partial
-    return EvalRun(specs, strict, partial, images, time.perf_counter() - t0)
+            for o in sc.details.get("objects", ()):
+                if o["colour"] in COLOURS:  # not "unknown"
+                    colours[i, k, COLOURS.index(o["colour"])] += 1
+    return EvalRun(specs, strict, partial, images, 0.0, colours)
 
 
 def eval_sampling(
@@ -181,10 +200,46 @@ def summarise(run: EvalRun) -> dict[str, Any]:
             "samples": int(run.strict[mask].size),
         }
 
-    return {
+    summary = {
         "overall": entry(np.ones(len(run.specs), dtype=bool)),
         "categories": {c: entry(cats == c) for c in CATEGORIES if (cats == c).any()},
         "seconds": run.seconds,
+    }
+    if run.colours is not None:
+        summary["unnamed_colours"] = unnamed_colours(run)
+    return summary
+
+
+def unnamed_colours(run: EvalRun) -> dict[str, Any]:
+    """The colours a checkpoint draws where the prompt leaves the colour free.
+
+    Over the images of prompts that name no colour (which the reward scores the same in any
+    palette colour): ``images``, ``objects`` (detected objects), ``shares`` (each colour's
+    share of those objects), ``top`` (the most frequent colour) and ``entropy`` (of the
+    shares, divided by log of the palette size: 1 for every colour equally often, 0 for one
+    colour only). A policy that collapses onto one colour shows ``entropy`` near 0, which no
+    strict accuracy reveals. Pooled over prompts: it does not see a policy that draws each
+    prompt in a fixed colour of its own."""
+    free = np.array([all(o.colour is None for o in s.objects) for s in run.specs], dtype=bool)
+    counts = run.colours[free].reshape(-1, len(COLOURS)).sum(axis=0) if free.any() else None
+    objects = int(counts.sum()) if counts is not None else 0
+    if objects == 0:
+        return {
+            "images": int(run.strict[free].size),
+            "objects": 0,
+            "shares": {},
+            "top": None,
+            "entropy": float("nan"),
+        }
+    shares = counts / objects
+    nonzero = shares[shares > 0]
+    entropy = max(0.0, float(-(nonzero * np.log(nonzero)).sum() / np.log(len(COLOURS))))
+    return {
+        "images": int(run.strict[free].size),
+        "objects": objects,
+        "shares": {c: float(x) for c, x in zip(COLOURS, shares, strict=True)},
+        "top": COLOURS[int(shares.argmax())],
+        "entropy": entropy,
     }
 
 
@@ -199,6 +254,14 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(
             f"{name:<14} {e['strict']:>7.3f} {f'[{lo:.3f}, {hi:.3f}]':>15} "
             f"{e['partial']:>8.3f} {e['prompts']:>8d} {e['distinct']:>8d}"
+        )
+    free = summary.get("unnamed_colours")
+    if free and free["objects"]:
+        ranked = sorted(free["shares"].items(), key=lambda item: -item[1])
+        shares = ", ".join(f"{c} {x:.2f}" for c, x in ranked)
+        lines.append(
+            f"colours where the prompt names none ({free['images']} images, {free['objects']} "
+            f"objects): {shares}; entropy {free['entropy']:.2f} of 1"
         )
     return "\n".join(lines)
 
