@@ -1,7 +1,8 @@
 """Minor versions add optional fields and stay mutually readable; majors refuse each other.
 
-Two versions of the Heartbeat schema are defined here: minor 2 as it ships, and a minor 3
-that adds an optional number and an optional tensor. Each side decodes the other.
+Two versions of the Heartbeat schema are defined here: the shipped minor (``SHIPPED``), and
+the next minor (``NEXT``), which adds an optional number and an optional tensor. Each side
+decodes the other.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from omnirl.protocol import Codec, decode, encode
 from omnirl.protocol import messages as m
 from omnirl.protocol.errors import FrameCountMismatch, NonFiniteValue, VersionMismatch
 from omnirl.protocol.tensor_type import Tensor
+from omnirl.protocol.version import PROTOCOL_VERSION, format_version
+
+SHIPPED = PROTOCOL_VERSION
+NEXT = (SHIPPED[0], SHIPPED[1] + 1)
 
 
 class HeartbeatV0(m.Message, tag="heartbeat", kw_only=True):
-    """Protocol 1.2's heartbeat (as it ships)."""
+    """The shipped protocol's heartbeat."""
 
-    v: tuple[int, int] = (1, 2)
+    v: tuple[int, int] = SHIPPED
     worker_id: str
     role: m.Role
     policy_version: int = -1
@@ -29,10 +34,10 @@ class HeartbeatV0(m.Message, tag="heartbeat", kw_only=True):
 
 
 class HeartbeatV1(m.Message, tag="heartbeat", kw_only=True):
-    """A protocol 1.3 heartbeat: two optional fields appended, defaults as 1.2 behaves."""
+    """The next minor's heartbeat: two optional fields appended, defaults as shipped behaves."""
 
     finite_fields = ("load",)
-    v: tuple[int, int] = (1, 3)
+    v: tuple[int, int] = NEXT
     worker_id: str
     role: m.Role
     policy_version: int = -1
@@ -43,8 +48,8 @@ class HeartbeatV1(m.Message, tag="heartbeat", kw_only=True):
     queue_depths: Tensor | None = None  # int64 [N]
 
 
-OLD = Codec([HeartbeatV0, m.Ack], version=(1, 2))
-NEW = Codec([HeartbeatV1, m.Ack], version=(1, 3))
+OLD = Codec([HeartbeatV0, m.Ack], version=SHIPPED)
+NEW = Codec([HeartbeatV1, m.Ack], version=NEXT)
 
 
 def test_newer_minor_decodes_on_older_minor():
@@ -59,9 +64,9 @@ def test_newer_minor_decodes_on_older_minor():
     assert len(frames) == 2
     old = OLD.decode(frames)
     assert type(old) is HeartbeatV0
-    assert (old.v, old.worker_id, old.leases) == ((1, 3), "w", ["l1"])
+    assert (old.v, old.worker_id, old.leases) == (NEXT, "w", ["l1"])
     assert not hasattr(old, "load")
-    # The shipped schema (protocol 1.2) reads it the same way.
+    # The shipped schema reads it the same way.
     shipped = decode(frames)
     assert type(shipped) is m.Heartbeat and shipped.leases == ["l1"]
 
@@ -70,7 +75,7 @@ def test_older_minor_decodes_on_newer_minor_with_defaults():
     frames = OLD.encode(HeartbeatV0(worker_id="w", role="reward", policy_version=3))
     new = NEW.decode(frames)
     assert type(new) is HeartbeatV1
-    assert (new.v, new.policy_version, new.load, new.queue_depths) == ((1, 2), 3, 0.0, None)
+    assert (new.v, new.policy_version, new.load, new.queue_depths) == (SHIPPED, 3, 0.0, None)
     shipped = encode(m.Heartbeat(worker_id="w", role="reward"))
     assert NEW.decode(shipped).load == 0.0
 
@@ -89,7 +94,7 @@ def test_newer_minor_fields_are_still_checked_by_the_newer_side():
     header = msgspec.msgpack.decode(frames[0])
     header["load"] = float("nan")
     bad = [msgspec.msgpack.encode(header)]
-    assert OLD.decode(bad).worker_id == "w"  # 1.2 does not know the field
+    assert OLD.decode(bad).worker_id == "w"  # the shipped minor does not know the field
     with pytest.raises(NonFiniteValue, match="'load' must be finite"):
         NEW.decode(bad)
 
@@ -97,7 +102,7 @@ def test_newer_minor_fields_are_still_checked_by_the_newer_side():
 @pytest.mark.parametrize("major", [0, 2])
 def test_other_major_is_refused_by_both(major):
     frames = NEW.encode(HeartbeatV1(worker_id="w", role="rollout", v=(major, 0)))
-    for codec, local in ((OLD, "1.2"), (NEW, "1.3")):
+    for codec, local in ((OLD, format_version(SHIPPED)), (NEW, format_version(NEXT))):
         with pytest.raises(VersionMismatch) as info:
             codec.decode(frames)
         assert str(info.value) == f"peer speaks protocol {major}.0, this process speaks {local}"

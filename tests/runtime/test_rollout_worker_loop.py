@@ -93,7 +93,8 @@ def _lease(n, version, deadline=60.0, text="p"):
 
 
 @pytest.mark.timeout(240)
-def test_rollout_worker_versions_leases_and_heartbeats():
+def test_rollout_worker_versions_leases_and_heartbeats(caplog):
+    caplog.set_level("WARNING", logger="omnirl.rollout")
     EVENTS.clear()
     discover()  # import the model families now (diffusers is slow to import), not mid-test
     trainer = FakeTrainer()
@@ -177,6 +178,16 @@ def test_rollout_worker_versions_leases_and_heartbeats():
         control(LeaseRequest)
         trainer.send(trainer.control, ident, Refusal(code="no_work", reason="wait"))
         control(LeaseRequest)  # asks again after a short back-off
+        # A bench: the worker waits as long as the refusal says, heartbeating meanwhile, and
+        # says so in its log.
+        bench = Refusal(code="no_work", reason="benched for 2 s", retry_after_s=2.0)
+        trainer.send(trainer.control, ident, bench)
+        sent = time.monotonic()
+        beats.clear()
+        control(LeaseRequest)
+        assert time.monotonic() - sent > 1.8
+        assert len(beats) >= 5  # every 0.2 s
+        assert any("no leases for 2 s: benched for 2 s" in r.getMessage() for r in caplog.records)
         _, beat = control(Heartbeat)
         assert beat.policy_version == 2 and beat.stats["weights_version"] == 2.0
         assert beat.stats["leases_done"] == 2.0 and beat.stats["weights_digest"] > 0

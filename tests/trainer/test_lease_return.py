@@ -60,6 +60,7 @@ def test_a_worker_whose_leases_keep_failing_is_refused_leases_for_a_while(null_s
     refusal = server._lease_for(LeaseRequest(worker_id="rollout-0"), time.time())
     assert isinstance(refusal, Refusal) and refusal.code == "no_work"
     assert "benched" in refusal.reason and "rollout-0" in refusal.reason
+    assert 59 < refusal.retry_after_s <= 60  # the worker waits instead of polling
     status = server.status()
     assert status.counters["workers_benched"] == 1
     benched = {w.worker_id: w.benched_s for w in status.workers}

@@ -277,11 +277,15 @@ class Ack(Message, tag="ack", kw_only=True):
 
 
 class Refusal(Message, tag="refusal", kw_only=True):
-    """A message was not accepted; ``code`` is machine-readable, ``reason`` for people."""
+    """A message was not accepted; ``code`` is machine-readable, ``reason`` for people.
+    ``retry_after_s`` > 0: the same request will be refused for that long (a benched rollout
+    worker's lease requests); the peer waits instead of polling. 0: no such promise."""
 
+    finite_fields: ClassVar[tuple[str, ...]] = ("retry_after_s",)
     code: str
     reason: str
     ref: str = ""
+    retry_after_s: float = 0.0
 
 
 # --------------------------------------------------------------------------------- status

@@ -7,10 +7,11 @@ different major is refused.
 
 1.1: ``LeaseReturn`` (a rollout worker gives back a lease whose sampling failed).
 1.2: ``WorkerStatus.benched_s`` (a worker refused leases after its leases kept failing).
+1.3: ``Refusal.retry_after_s`` (how long the same request will be refused: a bench).
 """
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 2
+PROTOCOL_MINOR = 3
 PROTOCOL_VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)
 
 

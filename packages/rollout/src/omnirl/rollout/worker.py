@@ -79,6 +79,8 @@ class RolloutWorkerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     trainer_timeout_s: float = 30.0
     no_work_backoff_s: float = 0.2
+    # the longest wait a refusal's retry_after_s buys: a trainer restarted meanwhile forgets
+    max_retry_after_s: float = 30.0
     retry_s: float = 5.0  # resend an unanswered Hello / LeaseRequest / WeightRequest
     send_timeout_s: float = 30.0  # a group no reward worker takes in this long is dropped
     max_bytes: int = 1 << 31
@@ -306,7 +308,11 @@ class RolloutWorker:
         if isinstance(msg, Refusal):
             if msg.code == "no_work":
                 self._lease_requested_at = None
-                self._backoff_until = time.monotonic() + self.config.no_work_backoff_s
+                wait = self.config.no_work_backoff_s
+                if msg.retry_after_s > 0:  # benched: asking sooner is refused too
+                    wait = max(wait, min(msg.retry_after_s, self.config.max_retry_after_s))
+                    log.warning("%s: no leases for %.0f s: %s", self.worker_id, wait, msg.reason)
+                self._backoff_until = time.monotonic() + wait
             elif msg.code == "shutdown":
                 log.info("%s: trainer shut down: %s", self.worker_id, msg.reason)
                 return EXIT_OK

@@ -183,7 +183,7 @@ class FleetControl:
         bench = self.ledger.benched_for(req.worker_id, now)
         if bench > 0:
             reason = f"worker {req.worker_id!r} is benched for {bench:.0f} s: its leases failed"
-            return Refusal(code="no_work", reason=reason, ref=req.worker_id)
+            return Refusal(code="no_work", reason=reason, ref=req.worker_id, retry_after_s=bench)
         capacity = max(1, min(req.capacity, self.cfg.data.prompts_per_lease))
         lease = self.ledger.issue(
             req.worker_id, capacity, now, policy_version=self.version, fresh=self.prompts.next
