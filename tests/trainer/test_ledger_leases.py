@@ -222,6 +222,29 @@ def test_a_failed_group_goes_to_another_worker_while_one_is_available():
     ] == ["e0:i0"]
 
 
+def test_a_failed_group_stays_suspect_across_a_checkpoint():
+    led, fresh = _ledger(groups_per_step=8), _fresh()
+    for w in ("w1", "w2"):
+        led.heartbeat(w, 0.0)
+    assert _fail(led, "w1", 0.0, fresh, capacity=2) == ["e0:i0", "e0:i1"]
+    resumed = _ledger(groups_per_step=8)
+    resumed.load_state_dict(led.state_dict())
+    assert resumed.groups["e0:i0"].failed_on == {"w1"}
+    for w in ("w1", "w2"):  # the workers register again under their ids
+        resumed.heartbeat(w, 1.0)
+    again = resumed.issue("w1", 2, 1.0, policy_version=0, fresh=_fresh_from(2))
+    assert [p.group_id for p in again.prompts] == ["e0:i2", "e0:i3"]  # not the failed ones
+    lease = resumed.issue("w2", 2, 1.0, policy_version=0, fresh=_fresh_from(4))
+    assert [p.group_id for p in lease.prompts] == ["e0:i0"]  # alone, to the other worker
+    # a checkpoint written before groups kept their failures resumes them as not suspect
+    state = led.state_dict()
+    for r in state["open"]:
+        del r["failed_on"]
+    old = _ledger(groups_per_step=8)
+    old.load_state_dict(state)
+    assert all(not g.failed_on for g in old.groups.values())
+
+
 def test_the_only_worker_gets_its_failed_group_back():
     led, fresh = _ledger(), _fresh()
     led.heartbeat("w1", 0.0)

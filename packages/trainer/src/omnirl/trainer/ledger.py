@@ -393,8 +393,8 @@ class Ledger:
     # ------------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume. Issued and accepted-but-untrained groups are saved
-        as pending: on resume they are issued again (same ``group_id``s). Finished groups
-        are kept by id only."""
+        as pending: on resume they are issued again (same ``group_id``s), each with the
+        workers it failed on (still suspect). Finished groups are kept by id only."""
         live = [gid for gid, g in self.groups.items() if g.state in ("issued", "accepted")]
         order = list(self.pending) + live
         return {
@@ -404,6 +404,7 @@ class Ledger:
                     "text": self.groups[gid].prompt.text,
                     "metadata": self.groups[gid].prompt.metadata,
                     "issues": self.groups[gid].issues,
+                    "failed_on": sorted(self.groups[gid].failed_on),
                 }
                 for gid in order
             ],
@@ -426,7 +427,8 @@ class Ledger:
             prompt = PromptSpec(
                 group_id=r["group_id"], text=r["text"], metadata=dict(r["metadata"])
             )
-            self._add(GroupRecord(prompt, "pending", issues=int(r["issues"])))
+            failed_on = set(r.get("failed_on", ()))  # absent in checkpoints before it
+            self._add(GroupRecord(prompt, "pending", issues=int(r["issues"]), failed_on=failed_on))
             self.pending[prompt.group_id] = None
         self.counters = Counter(state["counters"])
         self._generation = int(state["generation"]) + 1
