@@ -196,3 +196,18 @@ def test_bind_failure_names_the_address(sockets):
     server = sockets.bind("intake", "tcp://127.0.0.1:*")
     with pytest.raises(zmq.ZMQError, match=r"cannot bind intake to tcp://127\.0\.0\.1:"):
         sockets.bind("intake", bound_endpoint(server))
+
+
+def test_advertised_endpoint_replaces_only_what_a_peer_cannot_reach():
+    import socket
+
+    from omnirl.protocol.sockets import advertised_endpoint
+
+    host = socket.gethostname()
+    assert advertised_endpoint("tcp://127.0.0.1:5600") == "tcp://127.0.0.1:5600"
+    assert advertised_endpoint("tcp://0.0.0.0:5600") == f"tcp://{host}:5600"
+    assert advertised_endpoint("tcp://[::]:5600") == f"tcp://{host}:5600"
+    assert advertised_endpoint("tcp://0.0.0.0:5600", "10.0.3.7") == "tcp://10.0.3.7:5600"
+    assert advertised_endpoint("tcp://0.0.0.0:5600", "fd00::7") == "tcp://[fd00::7]:5600"
+    assert advertised_endpoint("tcp://[::1]:5600") == "tcp://[::1]:5600"
+    assert advertised_endpoint("ipc:///tmp/x.sock", "10.0.3.7") == "ipc:///tmp/x.sock"

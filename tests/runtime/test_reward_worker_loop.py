@@ -11,6 +11,7 @@ import torch
 import zmq
 from fakes import FakeTrainer, make_group
 
+from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.codec import decode, encode
 from omnirl.protocol.messages import DiffusionTrajectoryGroup, Heartbeat, Hello, Refusal
 from omnirl.reward.scorers import jpeg_compressibility, register_scorer
@@ -106,16 +107,25 @@ def test_garbage_and_imageless_groups_never_crash_the_worker():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("scorer_from", ["command_line", "run_config"])
-def test_reward_worker_process_loop_over_real_sockets(scorer_from):
+@pytest.mark.parametrize(
+    ("scorer_from", "bind"),
+    [("command_line", "loopback"), ("run_config", "loopback"), ("command_line", "wildcard")],
+)
+def test_reward_worker_process_loop_over_real_sockets(scorer_from, bind):
     """The scorer comes from the worker's own --scorer, or else from the run's config
-    (``reward.scorer`` in the Welcome); both score the same."""
+    (``reward.scorer`` in the Welcome); both score the same. A worker bound to every
+    interface (as on a cluster) gives its ``--advertise`` host in its Hello, not 0.0.0.0."""
     trainer = FakeTrainer()
     own = parse_scorer_spec("jpeg_incompressibility") if scorer_from == "command_line" else None
     run_config = {"reward": {"scorer": "jpeg_incompressibility" if own is None else "bogus"}}
+    where = {}
+    if bind == "wildcard":
+        where = dict(
+            bind="tcp://0.0.0.0:0", advertise="127.0.0.1", security=SecurityConfig(insecure=True)
+        )
     worker = RewardWorker(
         RewardWorkerConfig(
-            trainer=trainer.address(trainer.control), scorers=own, worker_id="reward-t"
+            trainer=trainer.address(trainer.control), scorers=own, worker_id="reward-t", **where
         )
     )
     codes = []

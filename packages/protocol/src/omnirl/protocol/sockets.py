@@ -34,6 +34,7 @@ handshake), so a blocking send waits forever. Use ``SocketOptions.send_timeout_m
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,27 @@ class SocketOptions:
 def bound_endpoint(sock: zmq.Socket) -> str:
     """The endpoint a socket really bound (``tcp://127.0.0.1:*`` becomes its port)."""
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "*", "", "::", "[::]"})
+
+
+def advertised_endpoint(bound: str, advertise: str = "") -> str:
+    """The address other hosts connect to for a socket bound at ``bound`` (a
+    :func:`bound_endpoint`, port resolved): ``advertise`` (a host name or IP) in place of the
+    bound host where given, else the machine's host name where the bind was to every
+    interface (``tcp://0.0.0.0:5600`` means nothing to a peer), else ``bound`` unchanged.
+    ``ipc://`` and ``inproc://`` endpoints are returned as they are."""
+    if not bound.startswith("tcp://"):
+        return bound
+    host, _, port = bound.removeprefix("tcp://").rpartition(":")
+    if advertise:
+        host = advertise
+    elif host in WILDCARD_HOSTS:
+        host = socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    return f"tcp://{host}:{port}"
 
 
 class SocketFactory:

@@ -1,4 +1,4 @@
-"""``uv run reward --trainer tcp://HOST:PORT [--scorer NAME[:W],...] [--bind ADDR]``.
+"""``uv run reward --trainer tcp://HOST:PORT [--scorer NAME[:W],...] [--bind ADDR] [--advertise HOST]``.
 
 Without ``--scorer`` the worker scores with the run's ``reward.scorer``, which the trainer
 sends in its Welcome."""
@@ -25,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         "reward.scorer, sent by the trainer)",
     )
     parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="where to bind the PULL")
+    parser.add_argument(
+        "--advertise",
+        default="",
+        help="host name or IP rollout workers connect to for this PULL (default: the --bind "
+        "host, or this machine's host name where --bind is 0.0.0.0)",
+    )
     parser.add_argument("--worker-id", default="", help="default: reward-<random>")
     parser.add_argument(
         "--trainer-timeout",
@@ -68,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer=args.trainer,
             scorers=scorers,
             bind=args.bind,
+            advertise=args.advertise,
             worker_id=args.worker_id,
             security=SecurityConfig.from_args(args),
             trainer_timeout_s=args.trainer_timeout,

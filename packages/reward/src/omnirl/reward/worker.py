@@ -32,7 +32,13 @@ from omnirl.protocol.messages import (
     Refusal,
     Welcome,
 )
-from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint, send_message
+from omnirl.protocol.sockets import (
+    SocketFactory,
+    SocketOptions,
+    advertised_endpoint,
+    bound_endpoint,
+    send_message,
+)
 from omnirl.reward.scorers import UnknownScorer
 from omnirl.reward.scoring import (
     ScorerSpecError,
@@ -53,6 +59,9 @@ class RewardWorkerConfig:
     trainer: str  # the trainer's control address
     scorers: list[WeightedScorer] | None = None  # None: the run's (Welcome config reward.scorer)
     bind: str = "tcp://127.0.0.1:0"
+    # the host rollout workers on other machines reach the PULL at (e.g. the pod's IP);
+    # default: the bound host, or this machine's host name for a wildcard bind
+    advertise: str = ""
     worker_id: str = ""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     trainer_timeout_s: float = 30.0
@@ -97,7 +106,7 @@ class RewardWorker:
             cfg.security, SocketOptions(max_bytes=cfg.max_bytes), context=self._context
         )
         pull = sockets.bind("reward", cfg.bind)
-        self.address = bound_endpoint(pull)
+        self.address = advertised_endpoint(bound_endpoint(pull), cfg.advertise)
         control = sockets.connect("control", cfg.trainer)
         monitor = control.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         push: zmq.Socket | None = None

@@ -181,6 +181,9 @@ class TrainConfig:
 @dataclass
 class RuntimeConfig:
     host: str = "127.0.0.1"  # bind address; workers connect here
+    # the host workers on other machines reach the weights and intake sockets at, sent in
+    # Welcome (e.g. a Kubernetes Service name); "": host, or the host name for 0.0.0.0
+    advertise_host: str = ""
     control_port: int = 5555  # 0: pick a free port (the address is written to trainer.addr)
     weights_port: int = 0  # 0: pick
     intake_port: int = 0  # 0: pick

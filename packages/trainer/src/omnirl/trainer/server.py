@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -60,10 +59,6 @@ log = logging.getLogger("omnirl.trainer")
 ADDRESS_FILE = "trainer.addr"
 MAX_STEP_FAILURES = 3  # consecutive failed optimisation steps end the run (exit code 1)
 INTAKE_BURST = 512  # intake messages handled per loop iteration before serving control again
-
-
-def _advertised_host(host: str) -> str:
-    return socket.gethostname() if host in ("0.0.0.0", "*", "") else host
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -166,7 +161,12 @@ class TrainerServer(FleetControl):
         log.info("resumed from %s: step %d, version %d", path, self.step, self.version)
 
     def _open(self) -> None:
-        from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint
+        from omnirl.protocol.sockets import (
+            SocketFactory,
+            SocketOptions,
+            advertised_endpoint,
+            bound_endpoint,
+        )
 
         rt = self.cfg.runtime
         security = SecurityConfig(
@@ -176,7 +176,6 @@ class TrainerServer(FleetControl):
         )
         options = SocketOptions(max_bytes=int(rt.max_message_bytes), linger_ms=0)
         self.sockets = SocketFactory(security, options, context=self._ctx)
-        advertised = _advertised_host(rt.host)
         opened = {}
         # Options differ per role, and libzmq copies a socket's options into its listener
         # at bind time, so each socket is bound under its own options.
@@ -198,7 +197,7 @@ class TrainerServer(FleetControl):
             self.sockets.options = per_role[role]
             sock = self.sockets.bind(role, f"tcp://{rt.host}:{port or '*'}")
             opened[role] = sock
-            self.addresses[role] = f"tcp://{advertised}:{bound_endpoint(sock).rsplit(':', 1)[1]}"
+            self.addresses[role] = advertised_endpoint(bound_endpoint(sock), rt.advertise_host)
         self.sockets.options = options
         self.control, self.weights, self.intake_sock = (
             opened["control"],
