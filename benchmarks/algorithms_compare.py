@@ -162,8 +162,9 @@ def run_config(algorithm: str, args: argparse.Namespace) -> dict:
 
 def heldout_scores(runs: list[RunSummary], args: argparse.Namespace) -> None:
     """Fill ``run.heldout`` with the last checkpoint's strict accuracy and paired gain."""
-    from omnirl.tools.eval_shapes import evaluate, load_adapter, load_prompt_file, summarise
-    from omnirl.tools.shapes_curve import apply_policy, paired_gain
+    from omnirl.tools.eval_shapes import evaluate, load_prompt_file, summarise
+    from omnirl.tools.policy_loading import apply_policy, load_adapter
+    from omnirl.tools.shapes_curve import paired_gain
 
     specs = load_prompt_file(HELDOUT)[: args.heldout]
     base_cfg = run_config(runs[0].algorithm, args)

@@ -25,7 +25,8 @@ import torch
 from omnirl.models.compile import repeated_blocks
 from omnirl.models.float8 import convertible_linears
 from omnirl.protocol.messages import PromptSpec, SamplingParams
-from omnirl.tools.eval_shapes import load_adapter, load_prompt_file
+from omnirl.tools.eval_shapes import load_prompt_file
+from omnirl.tools.policy_loading import load_adapter
 
 
 def input_amax(adapter, texts: list[str], *, group: int, seed: int) -> dict[str, float]:

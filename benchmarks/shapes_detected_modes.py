@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from omnirl.reward.shapes.detector import score_batch
-from omnirl.tools.eval_shapes import eval_sampling, load_adapter, load_prompt_file, sample_specs
+from omnirl.tools.eval_shapes import eval_sampling, load_prompt_file, sample_specs
+from omnirl.tools.policy_loading import load_adapter
 
 PROMPT_FILES = {
     "heldout": Path("examples/prompts/shapes_heldout.jsonl"),

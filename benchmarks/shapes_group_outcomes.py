@@ -62,7 +62,8 @@ def group_stats(scores) -> tuple[float, float, float, float, float, float]:
 def main(argv: list[str] | None = None) -> int:
     from omnirl.protocol.messages import SamplingParams
     from omnirl.reward.shapes import score_batch
-    from omnirl.tools.eval_shapes import load_adapter, load_prompt_file, sample_specs
+    from omnirl.tools.eval_shapes import load_prompt_file, sample_specs
+    from omnirl.tools.policy_loading import load_adapter
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="a ShapesT2I folder")

@@ -46,7 +46,7 @@ def pretrained(tmp_path_factory):
 
 def test_pretrain_writes_a_checkpoint_the_registry_loads(pretrained):
     from omnirl.models.registry import architecture_of
-    from omnirl.tools.eval_shapes import load_adapter
+    from omnirl.tools.policy_loading import load_adapter
 
     assert architecture_of(pretrained) == "ShapesT2IPipeline"
     rows = [
@@ -151,7 +151,8 @@ def test_eval_loads_a_trainer_saved_lora_like_a_weight_update(pretrained, tmp_pa
     import torch
 
     from omnirl.models.shapes_t2i import ShapesT2IRolloutAdapter, ShapesT2ITrainingAdapter
-    from omnirl.tools.eval_shapes import evaluate, load_adapter
+    from omnirl.tools.eval_shapes import evaluate
+    from omnirl.tools.policy_loading import load_adapter
 
     lora = {"r": 4, "lora_alpha": 8}
     train = ShapesT2ITrainingAdapter.from_pretrained(pretrained, lora=lora)
@@ -183,8 +184,9 @@ def test_shapes_curve_scores_base_and_checkpoints_with_their_lora_scale(pretrain
     import yaml
 
     from omnirl.models.shapes_t2i import ShapesT2IRolloutAdapter, ShapesT2ITrainingAdapter
-    from omnirl.tools.eval_shapes import evaluate, load_adapter, summarise
-    from omnirl.tools.shapes_curve import apply_policy, main
+    from omnirl.tools.eval_shapes import evaluate, summarise
+    from omnirl.tools.policy_loading import apply_policy, load_adapter
+    from omnirl.tools.shapes_curve import main
     from omnirl.trainer.checkpoint import save_checkpoint
     from omnirl.trainer.ema import EMA
 

@@ -32,15 +32,14 @@ import numpy as np
 
 from omnirl.tools.eval_shapes import (
     EvalRun,
-    apply_policy,
     bootstrap_ci,
     cluster_bootstrap_ci,
     evaluate,
     format_table,
-    load_adapter,
     load_prompt_file,
     summarise,
 )
+from omnirl.tools.policy_loading import apply_policy, load_adapter
 
 
 def checkpoint_minutes(run_dir: Path) -> dict[int, float]:

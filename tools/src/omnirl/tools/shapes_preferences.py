@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from omnirl.tools.eval_shapes import load_adapter, load_prompt_file
+    from omnirl.tools.eval_shapes import load_prompt_file
+    from omnirl.tools.policy_loading import load_adapter
 
     if args.n < 1:
         print("shapes_preferences: --n must be >= 1", file=sys.stderr)
