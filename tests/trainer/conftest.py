@@ -14,6 +14,22 @@ from omnirl.trainer.config import load_config
 from omnirl.trainer.server import TrainerServer
 
 
+class NoModel:
+    """A backend with no model: for server tests that never train or publish."""
+
+    architecture, model_path, sde_type = "Null", "", "sde"
+    weight_format, adapter_config = "lora", {"r": 1}
+    adapter = train_step = None
+
+    def export_weights(self):
+        return {}
+
+
+@pytest.fixture
+def no_model() -> NoModel:
+    return NoModel()
+
+
 @pytest.fixture
 def null_server(tmp_path):
     """``make(backend, *overrides)``: a TrainerServer over ``backend`` (a stand-in that

@@ -11,21 +11,11 @@ import zmq
 from omnirl.protocol.messages import Ack
 from omnirl.protocol.sockets import send_message
 
-
-class NoModel:
-    architecture, model_path, sde_type = "Null", "", "sde"
-    weight_format, adapter_config = "lora", {"r": 1}
-    adapter = train_step = None
-
-    def export_weights(self):
-        return {}
-
-
 WILDCARD = ("runtime.host=0.0.0.0", "runtime.insecure=true", "runtime.control_port=0")
 
 
-def test_a_wildcard_bind_advertises_the_given_host_and_it_is_reachable(null_server):
-    server = null_server(NoModel(), *WILDCARD, "runtime.advertise_host=127.0.0.1")
+def test_a_wildcard_bind_advertises_the_given_host_and_it_is_reachable(null_server, no_model):
+    server = null_server(no_model, *WILDCARD, "runtime.advertise_host=127.0.0.1")
     server._open()
     ctx = zmq.Context()
     try:
@@ -43,8 +33,8 @@ def test_a_wildcard_bind_advertises_the_given_host_and_it_is_reachable(null_serv
         ctx.term()
 
 
-def test_a_wildcard_bind_without_advertise_host_gives_the_host_name(null_server):
-    server = null_server(NoModel(), *WILDCARD)
+def test_a_wildcard_bind_without_advertise_host_gives_the_host_name(null_server, no_model):
+    server = null_server(no_model, *WILDCARD)
     server._open()
     try:
         host = socket.gethostname()

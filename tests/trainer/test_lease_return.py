@@ -12,17 +12,8 @@ from omnirl.protocol.messages import Lease, LeaseRequest, LeaseReturn, Refusal
 from omnirl.tools.status import format_status
 
 
-class NoModel:
-    architecture, model_path, sde_type = "Null", "", "sde"
-    weight_format, adapter_config = "lora", {"r": 1}
-    adapter = train_step = None
-
-    def export_weights(self):
-        return {}
-
-
-def test_a_returned_lease_is_issued_again_at_once(null_server):
-    server = null_server(NoModel(), "runtime.lease_timeout_s=300")
+def test_a_returned_lease_is_issued_again_at_once(null_server, no_model):
+    server = null_server(no_model, "runtime.lease_timeout_s=300")
     led = server.ledger
     led.heartbeat("rollout-0", time.time())
     lease = led.issue("rollout-0", 2, time.time(), policy_version=0, fresh=server.prompts.next)
@@ -41,9 +32,9 @@ def test_a_returned_lease_is_issued_again_at_once(null_server):
         assert [p.group_id for p in again.prompts] == [gid]
 
 
-def test_a_worker_whose_leases_keep_failing_is_refused_leases_for_a_while(null_server):
+def test_a_worker_whose_leases_keep_failing_is_refused_leases_for_a_while(null_server, no_model):
     server = null_server(
-        NoModel(), "runtime.worker_failure_limit=2", "runtime.bench_s=60", "train.groups_per_step=8"
+        no_model, "runtime.worker_failure_limit=2", "runtime.bench_s=60", "train.groups_per_step=8"
     )
     server.rewards["reward-0"] = "tcp://127.0.0.1:1"  # a reward worker is registered
     now = time.time()
