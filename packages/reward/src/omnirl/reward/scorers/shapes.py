@@ -49,3 +49,48 @@ class ShapesEvalReward:
                 partial[i] = float(sc.partial)
                 strict[i] = 1.0 if sc.strict else 0.0
         return {"partial": partial, "strict": strict}
+
+
+@register_reward("shapes_colour_spread")
+class ShapesColourSpreadReward:
+    """``shapes_colour_spread``: within a group whose prompt names no colour, rewards an image
+    for drawing a colour the rest of its group draws rarely, so that a group-relative
+    advantage no longer favours the colours the detector reads most easily.
+
+    Component ``spread``: ``1 - k / n`` for an image whose detected objects are mostly of a
+    colour that ``k`` of the group's ``n`` coloured images share (its own included); 0 for an
+    image with no object of a palette colour, and 0 for every image where the prompt names a
+    colour (there the colour is the prompt's business, and a constant moves no advantage).
+    Weighted beside ``shapes_eval``, e.g. ``shapes_eval,shapes_colour_spread:0.1``. Its value
+    depends on the whole group, so it is called one group at a time (``batchable`` False).
+    """
+
+    components = ("spread",)
+    reads = frozenset({"images", "prompt", "metadata"})
+    batchable = False
+    thread_safe = True
+
+    def __call__(self, batch: ScoreBatch) -> dict[str, list[float]]:
+        from omnirl.reward.shapes.world import COLOURS
+
+        images = as_uint8_batch(batch.images)
+        n = len(batch.prompts)
+        if len(images) != n:
+            raise ValueError(f"shapes_colour_spread: {len(images)} images but {n} prompts")
+        metadata = list(batch.metadata) or [None] * n
+        specs = {spec_of(text, meta) for text, meta in zip(batch.prompts, metadata, strict=True)}
+        if len(specs) != 1:
+            raise ValueError(f"shapes_colour_spread scores one group at a time, got {len(specs)}")
+        (spec,) = specs
+        if any(o.colour is not None for o in spec.objects):
+            return {"spread": [0.0] * n}
+        dominant: list[str | None] = []
+        for sc in score_batch(images, spec):
+            colours = [o["colour"] for o in sc.details["objects"] if o["colour"] in COLOURS]
+            dominant.append(max(COLOURS, key=colours.count) if colours else None)
+        coloured = [c for c in dominant if c is not None]
+        return {
+            "spread": [
+                0.0 if c is None else 1.0 - coloured.count(c) / len(coloured) for c in dominant
+            ]
+        }
