@@ -8,8 +8,10 @@ category), this samples groups of ``--group`` images of a base model in each of 
 initial noise per sample, and the ODE; ``cps`` is the coefficients-preserving step on the
 window with one initial noise per group) and prints, averaged over prompts: strict
 accuracy, the within-group std of the partial reward, the fraction of samples whose
-relation holds (position), the fraction of groups with mixed outcomes, and the mean partial
-reward.
+relation holds (position), the fraction of groups with mixed outcomes, the mean partial
+reward, and the number of different colours a group draws (each image counted under the
+colour of most of its detected objects). ``--category unnamed``: the prompts that name no
+colour.
 
     uv run python benchmarks/shapes_group_outcomes.py MODEL_DIR \
         [--prompts-file examples/prompts/shapes_train.jsonl] [--category position] \
@@ -43,9 +45,16 @@ MODES = {
 }
 
 
-def group_stats(scores) -> tuple[float, float, float, float, float, float]:
-    """(strict, partial std, relation holds, relation mixed, strict mixed, partial mean) of one
-    group."""
+def group_stats(scores) -> tuple[float, float, float, float, float, float, float]:
+    """(strict, partial std, relation holds, relation mixed, strict mixed, partial mean,
+    distinct dominant colours) of one group."""
+    from omnirl.reward.shapes.world import COLOURS
+
+    dominant = set()
+    for s in scores:
+        colours = [o["colour"] for o in s.details["objects"] if o["colour"] in COLOURS]
+        if colours:
+            dominant.add(max(COLOURS, key=colours.count))
     strict = np.array([s.strict for s in scores], dtype=np.float64)
     partial = np.array([s.partial for s in scores])
     relation = np.array([bool(s.details.get("relation_ok")) for s in scores], dtype=np.float64)
@@ -56,6 +65,7 @@ def group_stats(scores) -> tuple[float, float, float, float, float, float]:
         float(0 < relation.mean() < 1),
         float(0 < strict.mean() < 1),
         partial.mean(),
+        float(len(dominant)),
     )
 
 
@@ -70,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prompts-file", type=Path, default=Path("examples/prompts/shapes_train.jsonl")
     )
-    parser.add_argument("--category", default="position")
+    parser.add_argument(
+        "--category", default="position", help="a category, all, or unnamed (no colour named)"
+    )
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--group", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
@@ -92,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.category == "all":
         order = np.random.default_rng(0).permutation(len(specs))
         specs = [specs[i] for i in order]
+    elif args.category == "unnamed":
+        specs = [s for s in specs if all(o.colour is None for o in s.objects)]
     else:
         specs = [s for s in specs if s.category == args.category]
     specs = specs[: args.prompts]
@@ -101,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(specs)} {args.category} prompts x {args.group} samples, {args.model}")
     print(
         "| mode | strict | partial std in a group | relation holds | groups mixed in relation "
-        "| groups mixed in strict | partial |"
+        "| groups mixed in strict | partial | colours in a group |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, mode in (MODES[m] for m in modes):
         window = {} if mode["sde_type"] == "ode" else {"sde_window": tuple(args.window)}
         sampling = SamplingParams(

@@ -29,7 +29,8 @@ def test_every_mode_reports_fractions_in_range():
     rows = _rows(proc.stdout)
     assert list(rows) == ["sde, one x_T per group", "sde, fresh x_T", "ode, fresh x_T"]
     for values in rows.values():
-        assert len(values) == 6 and all(0.0 <= v <= 1.0 for v in values)
+        assert len(values) == 7 and all(0.0 <= v <= 1.0 for v in values[:6])
+        assert 1.0 <= values[6] <= 4.0  # different colours among a group of 4
 
 
 def test_cps_on_a_window_across_categories():
