@@ -48,13 +48,9 @@ MODES = {
 def group_stats(scores) -> tuple[float, float, float, float, float, float, float]:
     """(strict, partial std, relation holds, relation mixed, strict mixed, partial mean,
     distinct dominant colours) of one group."""
-    from omnirl.reward.shapes.world import COLOURS
+    from omnirl.reward.shapes.detector import dominant_colour
 
-    dominant = set()
-    for s in scores:
-        colours = [o["colour"] for o in s.details["objects"] if o["colour"] in COLOURS]
-        if colours:
-            dominant.add(max(COLOURS, key=colours.count))
+    dominant = {dominant_colour(s) for s in scores} - {None}
     strict = np.array([s.strict for s in scores], dtype=np.float64)
     partial = np.array([s.partial for s in scores])
     relation = np.array([bool(s.details.get("relation_ok")) for s in scores], dtype=np.float64)

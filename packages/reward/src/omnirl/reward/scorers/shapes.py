@@ -16,6 +16,7 @@ from typing import Any
 from omnirl.reward.scorers.jpeg import as_uint8_batch
 from omnirl.reward.scorers.registry import ScoreBatch, register_reward
 from omnirl.reward.shapes import ShapeSpec, score_batch
+from omnirl.reward.shapes.detector import dominant_colour
 
 
 def spec_of(text: str, metadata: Mapping[str, Any] | None) -> ShapeSpec:
@@ -23,6 +24,16 @@ def spec_of(text: str, metadata: Mapping[str, Any] | None) -> ShapeSpec:
     if metadata and "shapes_eval" in metadata:
         return ShapeSpec.from_metadata(dict(metadata))
     return ShapeSpec.from_text(text)
+
+
+def _inputs(batch: ScoreBatch, name: str) -> tuple[Any, list[ShapeSpec]]:
+    """``(images uint8 [n, H, W, 3], the n samples' specs)`` of a batch, checked."""
+    images = as_uint8_batch(batch.images)
+    n = len(batch.prompts)
+    if len(images) != n:
+        raise ValueError(f"{name}: {len(images)} images but {n} prompts")
+    metadata = list(batch.metadata) or [None] * n
+    return images, [spec_of(t, m) for t, m in zip(batch.prompts, metadata, strict=True)]
 
 
 @register_reward("shapes_eval")
@@ -35,15 +46,12 @@ class ShapesEvalReward:
     thread_safe = True  # numpy only, no shared state
 
     def __call__(self, batch: ScoreBatch) -> dict[str, list[float]]:
-        images = as_uint8_batch(batch.images)
-        n = len(batch.prompts)
-        if len(images) != n:
-            raise ValueError(f"shapes_eval: {len(images)} images but {n} prompts")
-        metadata = list(batch.metadata) or [None] * n
+        images, specs = _inputs(batch, "shapes_eval")
+        n = len(specs)
         partial, strict = [0.0] * n, [0.0] * n
         rows_of: dict[ShapeSpec, list[int]] = {}
-        for i, (text, meta) in enumerate(zip(batch.prompts, metadata, strict=True)):
-            rows_of.setdefault(spec_of(text, meta), []).append(i)
+        for i, spec in enumerate(specs):
+            rows_of.setdefault(spec, []).append(i)
         for spec, rows in rows_of.items():  # one detector call per distinct prompt
             for i, sc in zip(rows, score_batch(images[rows], spec), strict=True):
                 partial[i] = float(sc.partial)
@@ -71,23 +79,16 @@ class ShapesColourSpreadReward:
     thread_safe = True
 
     def __call__(self, batch: ScoreBatch) -> dict[str, list[float]]:
-        from omnirl.reward.shapes.world import COLOURS
-
-        images = as_uint8_batch(batch.images)
-        n = len(batch.prompts)
-        if len(images) != n:
-            raise ValueError(f"shapes_colour_spread: {len(images)} images but {n} prompts")
-        metadata = list(batch.metadata) or [None] * n
-        specs = {spec_of(text, meta) for text, meta in zip(batch.prompts, metadata, strict=True)}
-        if len(specs) != 1:
-            raise ValueError(f"shapes_colour_spread scores one group at a time, got {len(specs)}")
-        (spec,) = specs
+        images, specs = _inputs(batch, "shapes_colour_spread")
+        n = len(specs)
+        if len(set(specs)) != 1:
+            raise ValueError(
+                f"shapes_colour_spread scores one group at a time, got {len(set(specs))}"
+            )
+        spec = specs[0]
         if any(o.colour is not None for o in spec.objects):
             return {"spread": [0.0] * n}
-        dominant: list[str | None] = []
-        for sc in score_batch(images, spec):
-            colours = [o["colour"] for o in sc.details["objects"] if o["colour"] in COLOURS]
-            dominant.append(max(COLOURS, key=colours.count) if colours else None)
+        dominant = [dominant_colour(sc) for sc in score_batch(images, spec)]
         coloured = [c for c in dominant if c is not None]
         return {
             "spread": [

@@ -269,6 +269,13 @@ def _open_background(object_mask: np.ndarray) -> np.ndarray:
     return ~near
 
 
+def dominant_colour(result: ShapeScore) -> str | None:
+    """The palette colour most of ``result``'s detected objects have (ties: palette order);
+    None when no object has a palette colour."""
+    colours = [o["colour"] for o in result.details.get("objects", ()) if o["colour"] in COLOURS]
+    return max(COLOURS, key=colours.count) if colours else None
+
+
 def score_batch(images: Any, spec: ShapeSpec | dict[str, Any]) -> list[ShapeScore]:
     """Score a group of images of one prompt.
 
