@@ -6,6 +6,7 @@ import contextlib
 import logging
 import shutil
 import socket
+import time
 
 import pytest
 import zmq
@@ -17,6 +18,7 @@ from omnirl.protocol.sockets import (
     SocketOptions,
     bound_endpoint,
     recv_message,
+    recv_ready,
     send_message,
 )
 
@@ -97,6 +99,35 @@ def test_allowed_key_delivers_and_unknown_key_delivers_nothing(keys, caplog):
         assert auth is not None and auth.denied >= 1 and auth.allowed >= 1
     denials = [r for r in caplog.records if "denied" in r.getMessage()]
     assert denials and "is not in" in denials[0].getMessage()
+
+
+@pytest.mark.timeout(30)
+def test_a_poll_woken_by_a_curve_heartbeat_never_blocks_a_receive(keys):
+    """libzmq reports POLLIN on a CURVE socket once at the first ZMTP heartbeat, with no
+    message behind it. A receive after a poll must not wait for the next real message
+    (a reward worker stopped heartbeating that way): ``recv_ready`` gives None and
+    ``recv_message`` keeps its deadline."""
+    fast = SocketOptions(linger_ms=0, heartbeat_ivl_ms=50, heartbeat_timeout_ms=1000)
+    server_cfg = SecurityConfig(keys_dir=keys / "allowed", name="trainer")
+    client_cfg = SecurityConfig(
+        keys_dir=keys / "allowed", name="rollout-0", server_key=keys / "allowed/trainer.key"
+    )
+    with SocketFactory(server_cfg, fast) as server_side, SocketFactory(client_cfg, fast) as client:
+        pull = server_side.bind("reward", "tcp://127.0.0.1:*")
+        client.connect("reward", bound_endpoint(pull))
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            recv_message(pull, timeout_ms=1500)  # the heartbeat's POLLIN comes within it
+        assert time.monotonic() - t0 < 5
+        client.connect("reward", bound_endpoint(pull))  # a second connection, a second wake
+        wakes = 0
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            if pull.poll(20):
+                wakes += 1
+                assert recv_ready(pull) is None  # nothing was sent
+    # what made the worker hang; should a libzmq release stop doing it, this says so
+    assert wakes >= 1, "no empty POLLIN on a CURVE heartbeat (has libzmq changed?)"
 
 
 def test_plain_text_client_cannot_reach_a_curve_server(keys):

@@ -21,6 +21,7 @@ from omnirl.protocol.messages import (
     Topology,
     Welcome,
 )
+from omnirl.protocol.sockets import SocketFactory, recv_ready
 
 
 def make_group(group_id: str = "e0:0", g: int = 2, k: int = 2, seed: int = 0):
@@ -43,16 +44,26 @@ def make_group(group_id: str = "e0:0", g: int = 2, k: int = 2, seed: int = 0):
 
 
 class FakeTrainer:
-    """A bound control ROUTER and intake PULL on loopback."""
+    """A bound control ROUTER and intake PULL on loopback.
 
-    def __init__(self, ctx: zmq.Context | None = None):
-        self.ctx = ctx or zmq.Context()
-        self.control = self.ctx.socket(zmq.ROUTER)
-        self.control.bind("tcp://127.0.0.1:*")
-        self.intake = self.ctx.socket(zmq.PULL)
-        self.intake.bind("tcp://127.0.0.1:*")
-        self.weights = self.ctx.socket(zmq.ROUTER)
-        self.weights.bind("tcp://127.0.0.1:*")
+    ``sockets``: bind through this factory (e.g. one with CurveZMQ keys) instead.
+    """
+
+    def __init__(self, ctx: zmq.Context | None = None, *, sockets: SocketFactory | None = None):
+        self.sockets = sockets
+        if sockets is not None:
+            self.ctx = sockets.context
+            self.control, self.intake, self.weights = (
+                sockets.bind(role, "tcp://127.0.0.1:*") for role in ("control", "intake", "weights")
+            )
+        else:
+            self.ctx = ctx or zmq.Context()
+            self.control = self.ctx.socket(zmq.ROUTER)
+            self.control.bind("tcp://127.0.0.1:*")
+            self.intake = self.ctx.socket(zmq.PULL)
+            self.intake.bind("tcp://127.0.0.1:*")
+            self.weights = self.ctx.socket(zmq.ROUTER)
+            self.weights.bind("tcp://127.0.0.1:*")
         for s in (self.control, self.intake, self.weights):
             s.setsockopt(zmq.LINGER, 0)
 
@@ -73,7 +84,9 @@ class FakeTrainer:
         while time.monotonic() < deadline:
             if not sock.poll(100):
                 continue
-            frames = sock.recv_multipart(copy=False)
+            frames = recv_ready(sock)  # None: a CURVE heartbeat woke the poll
+            if frames is None:
+                continue
             identity = frames.pop(0).bytes if sock.socket_type == zmq.ROUTER else None
             msg = decode(frames, check_finite=False)
             if isinstance(msg, kind):
@@ -98,4 +111,7 @@ class FakeTrainer:
     def close(self) -> None:
         for s in (self.control, self.intake, self.weights):
             s.close(linger=0)
-        self.ctx.term()
+        if self.sockets is not None:
+            self.sockets.close()
+        else:
+            self.ctx.term()

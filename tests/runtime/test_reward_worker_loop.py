@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,9 +12,10 @@ import torch
 import zmq
 from fakes import FakeTrainer, make_group
 
-from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.auth import SecurityConfig, generate_keypair
 from omnirl.protocol.codec import decode, encode
 from omnirl.protocol.messages import DiffusionTrajectoryGroup, Heartbeat, Hello, Refusal
+from omnirl.protocol.sockets import SocketFactory, SocketOptions
 from omnirl.reward.scorers import jpeg_compressibility, register_scorer
 from omnirl.reward.scoring import parse_scorer_spec
 from omnirl.reward.worker import RewardWorker, RewardWorkerConfig
@@ -160,6 +162,58 @@ def test_reward_worker_process_loop_over_real_sockets(scorer_from, bind):
     finally:
         worker.stop()
         thread.join(5)
+        trainer.close()
+
+
+@pytest.mark.timeout(60)
+def test_reward_worker_keeps_heartbeating_over_curve(tmp_path):
+    """Every socket CurveZMQ, as on a cluster. The ZMTP heartbeat (every 2 s) of the client
+    connected to the PULL wakes the worker's poll once with no message behind it; the
+    worker used to block in that receive and stop heartbeating until a group came (none
+    does while the trainer counts it lost). It must go on heartbeating, then score."""
+    keys = tmp_path / "keys"
+    for name in ("trainer", "reward", "rollout"):
+        generate_keypair(keys, name)
+    options = SocketOptions(linger_ms=0)
+    trainer = FakeTrainer(
+        sockets=SocketFactory(SecurityConfig(keys_dir=keys, name="trainer"), options)
+    )
+    security = SecurityConfig(keys_dir=keys, name="reward", server_key=keys / "trainer.key")
+    worker = RewardWorker(
+        RewardWorkerConfig(
+            trainer=trainer.address(trainer.control),
+            scorers=parse_scorer_spec("jpeg_incompressibility"),
+            worker_id="reward-c",
+            security=security,
+        )
+    )
+    rollout_side = SocketFactory(
+        SecurityConfig(keys_dir=keys, name="rollout", server_key=keys / "reward.key"), options
+    )
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        identity, hello = trainer.recv(trainer.control, kind=Hello)
+        trainer.welcome(identity, hello.worker_id)
+        push = rollout_side.connect("reward", hello.address)
+        connected = time.monotonic()
+        last_beat = 0.0
+        while time.monotonic() - connected < 3.5:  # past the first ZMTP heartbeat
+            trainer.recv(trainer.control, timeout_s=2.0, kind=Heartbeat)
+            last_beat = time.monotonic()
+        assert last_beat - connected > 3.0
+        group = make_group("e0:0")
+        push.send_multipart(encode(group), copy=False)
+        _, scored = trainer.recv(trainer.intake, kind=DiffusionTrajectoryGroup)
+        assert scored.group_id == "e0:0" and worker.counters.scored == 1
+        trainer.send(trainer.control, identity, Refusal(code="shutdown", reason="done"))
+        thread.join(10)
+        assert codes == [0]
+    finally:
+        worker.stop()
+        thread.join(5)
+        rollout_side.close()
         trainer.close()
 
 

@@ -43,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
 
     from omnirl.protocol.auth import SecurityConfig
     from omnirl.protocol.recording import RecordingError, RecordingWriter
-    from omnirl.protocol.sockets import SocketFactory, SocketOptions, bound_endpoint, send_frames
+    from omnirl.protocol.sockets import (
+        SocketFactory,
+        SocketOptions,
+        bound_endpoint,
+        recv_ready,
+        send_frames,
+    )
 
     options = SocketOptions(heartbeat_ivl_ms=0, heartbeat_timeout_ms=0, linger_ms=5000)
     security = SecurityConfig.from_args(args)
@@ -79,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
                     break
                 if not pull.poll(100):
                     continue
-                frames = pull.recv_multipart(copy=False)
+                frames = recv_ready(pull)
+                if frames is None:  # a CURVE heartbeat woke the poll
+                    continue
                 writer.write(frames)
                 if forward is not None:
                     send_frames(forward, frames)

@@ -30,11 +30,18 @@ Blocking sends: a connecting socket with no live peer has nowhere to queue once 
 has dropped the connection's pipe (which it does when a CURVE server denies the
 handshake), so a blocking send waits forever. Use ``SocketOptions.send_timeout_ms``
 (``zmq.Again`` on expiry) or ``flags=zmq.NOBLOCK`` where that matters.
+
+Receives after a poll: a poll's ``POLLIN`` does not promise a message. On a CurveZMQ
+socket libzmq 4.3.5 reports ``POLLIN`` once, at the connection's first ZMTP heartbeat,
+with nothing to receive, and a blocking receive after it waits for the next real message,
+which in a worker loop may never come (a reward worker stopped heartbeating that way).
+Receive with :func:`recv_ready` (or ``zmq.NOBLOCK``), which returns ``None`` then.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,12 +339,13 @@ def recv_message(
     can log, count and carry on. Raises ``TimeoutError`` if nothing arrives within
     ``timeout_ms`` (``None``: wait forever).
     """
-    if timeout_ms is not None and not sock.poll(timeout_ms, zmq.POLLIN):
-        raise TimeoutError(f"no message within {timeout_ms} ms")
     if max_bytes is None:
         limit = sock.getsockopt(zmq.MAXMSGSIZE)
         max_bytes = limit if limit > 0 else DEFAULT_MAX_BYTES
-    frames = sock.recv_multipart(copy=False)
+    if timeout_ms is None:
+        frames = sock.recv_multipart(copy=False)
+    else:
+        frames = _recv_within(sock, timeout_ms)
     identity = frames.pop(0).bytes if sock.type == zmq.ROUTER else None
     nbytes = sum(len(f) for f in frames)
     try:
@@ -345,3 +353,28 @@ def recv_message(
     except ProtocolError as e:
         return Received(identity, None, e, nbytes, frames)
     return Received(identity, msg, None, nbytes, frames)
+
+
+def recv_ready(sock: zmq.Socket) -> list[zmq.Frame] | None:
+    """The multipart message a poll said is waiting (``copy=False``), or ``None``.
+
+    ``None`` when there is none after all: a poll's ``POLLIN`` on a CurveZMQ socket can
+    come from a ZMTP heartbeat (see the module docstring), so never block after a poll.
+    """
+    try:
+        return sock.recv_multipart(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+
+
+def _recv_within(sock: zmq.Socket, timeout_ms: int) -> list[zmq.Frame]:
+    """The next multipart message within ``timeout_ms``; ``TimeoutError`` after it."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        if sock.poll(left_ms, zmq.POLLIN):
+            frames = recv_ready(sock)
+            if frames is not None:
+                return frames
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no message within {timeout_ms} ms")

@@ -37,6 +37,7 @@ from omnirl.protocol.sockets import (
     SocketOptions,
     advertised_endpoint,
     bound_endpoint,
+    recv_ready,
     send_message,
 )
 from omnirl.reward.scorers import UnknownScorer
@@ -154,7 +155,10 @@ class RewardWorker:
                             self._unwelcome()
                             hello_sent_at = -1e9  # register again
                     elif sock is control:
-                        code = self._on_control(control.recv_multipart(copy=False))
+                        frames = recv_ready(control)
+                        if frames is None:  # a CURVE heartbeat woke the poll
+                            continue
+                        code = self._on_control(frames)
                         if code is not None:
                             return code
                         intake = self._welcome.topology.intake if self._welcome else ""
@@ -165,7 +169,10 @@ class RewardWorker:
                             push.setsockopt(zmq.SNDTIMEO, int(cfg.send_timeout_s * 1000))
                             push_address = intake
                     elif sock is pull:
-                        batch = [pull.recv_multipart(copy=False)]
+                        first = recv_ready(pull)
+                        if first is None:  # a CURVE heartbeat woke the poll
+                            continue
+                        batch = [first]
                         while len(batch) < cfg.batch_groups:  # what is queued already
                             try:
                                 batch.append(pull.recv_multipart(zmq.NOBLOCK, copy=False))

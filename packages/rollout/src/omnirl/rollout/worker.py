@@ -47,7 +47,7 @@ from omnirl.protocol.messages import (
     WeightUpdate,
     Welcome,
 )
-from omnirl.protocol.sockets import SocketFactory, SocketOptions, send_message
+from omnirl.protocol.sockets import SocketFactory, SocketOptions, recv_ready, send_message
 from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY, RolloutModel
 from omnirl.rollout.reward_push import RewardPush
 from omnirl.rollout.sampler import JobResult, SamplerThread
@@ -186,11 +186,14 @@ class RolloutWorker:
                             hello_sent_at = -1e9
                             self._lease_requested_at = None
                     elif sock is self._control:
-                        code = self._on_control(self._control.recv_multipart(copy=False))
+                        frames = recv_ready(self._control)  # None: a CURVE heartbeat woke it
+                        code = None if frames is None else self._on_control(frames)
                         if code is not None:
                             return code
                     elif sock is self._weights:
-                        self._on_weights(self._weights.recv_multipart(copy=False))
+                        frames = recv_ready(self._weights)
+                        if frames is not None:
+                            self._on_weights(frames)
                 for result in self._sampler.poll():
                     code = self._on_result(result)
                     if code is not None:
