@@ -59,11 +59,17 @@ def trainer_cmd(*args: str) -> list[str]:
     return [str(BIN / "trainer"), "--config", str(EXAMPLE), *args]
 
 
-def rollout_cmd(address: str, worker_id: str, *args: str) -> list[str]:
+def _trainer(address: str | Path) -> list[str]:
+    """``--trainer ADDRESS``, or ``--trainer-file PATH`` for a path."""
+    if isinstance(address, Path):
+        return ["--trainer-file", str(address)]
+    return ["--trainer", address]
+
+
+def rollout_cmd(address: str | Path, worker_id: str, *args: str) -> list[str]:
     return [
         str(BIN / "rollout"),
-        "--trainer",
-        address,
+        *_trainer(address),
         "--worker-id",
         worker_id,
         "--threads",
@@ -72,8 +78,8 @@ def rollout_cmd(address: str, worker_id: str, *args: str) -> list[str]:
     ]
 
 
-def reward_cmd(address: str, worker_id: str, *args: str) -> list[str]:
-    return [str(BIN / "reward"), "--trainer", address, "--worker-id", worker_id, *args]
+def reward_cmd(address: str | Path, worker_id: str, *args: str) -> list[str]:
+    return [str(BIN / "reward"), *_trainer(address), "--worker-id", worker_id, *args]
 
 
 def wait_for(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from omnirl.tools.launch import Launcher, read_address
+from omnirl.protocol.trainer_link import read_address_file
+from omnirl.tools.launch import Launcher
 
 TRAINER = textwrap.dedent(
     """
@@ -164,9 +165,15 @@ def test_a_second_ctrl_c_later_kills_everything(tmp_path):
 def test_address_file_formats_parse(tmp_path):
     path = tmp_path / "trainer.addr"
     path.write_text('{"control": "tcp://127.0.0.1:7"}')
-    assert read_address(path) == "tcp://127.0.0.1:7"
+    assert read_address_file(path) == "tcp://127.0.0.1:7"
     path.write_text("tcp://127.0.0.1:8\n")
-    assert read_address(path) == "tcp://127.0.0.1:8"
+    assert read_address_file(path) == "tcp://127.0.0.1:8"
+    path.write_text("")  # being rewritten
+    assert read_address_file(path) == ""
+    assert read_address_file(tmp_path / "missing.addr") == ""
+    path.write_text('{"weights": "tcp://127.0.0.1:9"}')
+    with pytest.raises(ValueError, match="not a trainer address file"):
+        read_address_file(path)
 
 
 def test_cores_are_shared_between_trainer_and_rollout_workers():

@@ -116,3 +116,7 @@ def test_slurm_scripts_are_valid_shell_and_their_commands_parse(script):
         assert o["runtime.host"] == "0.0.0.0" and args.resume
     else:
         assert args.key_name == script and args.trainer_timeout >= 60
+        # the trainer's address file, followed if a requeued trainer comes back elsewhere
+        # ("$1" of the srun bash -c, the first argument after "$OMNIRL")
+        assert args.trainer is None and args.trainer_file == "$1"
+        assert '"$OMNIRL" "$RUN_DIR/trainer.addr"' in path.read_text()

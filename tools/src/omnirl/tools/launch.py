@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -39,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-ADDRESS_FILE = "trainer.addr"
+from omnirl.protocol.trainer_link import ADDRESS_FILE
+from omnirl.protocol.trainer_link import read_address_file as read_address
+
 SAME_SIGNAL_S = 1.0  # a repeat within this long is the same Ctrl-C (uv forwards SIGINT)
 
 
@@ -189,14 +190,6 @@ def _command(script: str, module: str) -> list[str]:
     if found:
         return [found]
     return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
-
-
-def read_address(path: Path) -> str:
-    """The control address in a trainer address file: a bare line, or JSON with ``control``."""
-    text = path.read_text().strip()
-    if text.startswith("{"):
-        return str(json.loads(text)["control"])
-    return text.splitlines()[0].strip() if text else ""
 
 
 @dataclass

@@ -92,12 +92,11 @@ def format_status(status) -> str:
 def run(args: argparse.Namespace) -> int:
     address = args.trainer
     if not address and args.run_dir is not None:
-        from omnirl.tools.launch import ADDRESS_FILE, read_address
+        from omnirl.protocol.trainer_link import ADDRESS_FILE, read_address_file
 
-        try:
-            address = read_address(args.run_dir / ADDRESS_FILE)
-        except FileNotFoundError:
-            print(f"omnirl status: no {ADDRESS_FILE} in {args.run_dir}", file=sys.stderr)
+        address = read_address_file(args.run_dir / ADDRESS_FILE)
+        if not address:
+            print(f"omnirl status: no address in {args.run_dir / ADDRESS_FILE}", file=sys.stderr)
             return 2
     if not address:
         print("omnirl status: give --trainer ADDR or --run-dir DIR", file=sys.stderr)

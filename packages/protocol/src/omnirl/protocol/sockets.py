@@ -169,7 +169,7 @@ class SocketFactory:
         try:
             sock.bind(address)
         except zmq.ZMQError as e:
-            self._discard(sock)
+            self.discard(sock)
             raise zmq.ZMQError(e.errno, f"cannot bind {role} to {address}: {e.strerror}") from e
         return sock
 
@@ -191,7 +191,7 @@ class SocketFactory:
         try:
             sock.connect(address)
         except zmq.ZMQError as e:
-            self._discard(sock)
+            self.discard(sock)
             raise zmq.ZMQError(e.errno, f"cannot connect {role} to {address}: {e.strerror}") from e
         return sock
 
@@ -221,7 +221,8 @@ class SocketFactory:
         self._sockets.append(sock)
         return sock
 
-    def _discard(self, sock: zmq.Socket) -> None:
+    def discard(self, sock: zmq.Socket) -> None:
+        """Close one of this factory's sockets now (``LINGER`` 0) and forget it."""
         self._sockets.remove(sock)
         sock.close(linger=0)
 

@@ -1,4 +1,4 @@
-"""``uv run reward --trainer tcp://HOST:PORT [--scorer NAME[:W],...] [--bind ADDR] [--advertise HOST]``.
+"""``uv run reward --trainer tcp://HOST:PORT|--trainer-file PATH [--scorer NAME[:W],...] [--bind ADDR] [--advertise HOST]``.
 
 Without ``--scorer`` the worker scores with the run's ``reward.scorer``, which the trainer
 sends in its Welcome."""
@@ -13,11 +13,12 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from omnirl.protocol.auth import add_security_arguments
+    from omnirl.protocol.trainer_link import add_trainer_arguments
 
     parser = argparse.ArgumentParser(
         prog="reward", description="omnirl reward worker: score trajectory groups, forward them"
     )
-    parser.add_argument("--trainer", required=True, help="the trainer's control address")
+    add_trainer_arguments(parser)
     parser.add_argument(
         "--scorer",
         default=None,
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     worker = RewardWorker(
         RewardWorkerConfig(
-            trainer=args.trainer,
+            trainer=args.trainer or "",
+            trainer_file=args.trainer_file or "",
             scorers=scorers,
             bind=args.bind,
             advertise=args.advertise,

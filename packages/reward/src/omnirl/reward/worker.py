@@ -40,6 +40,7 @@ from omnirl.protocol.sockets import (
     recv_ready,
     send_message,
 )
+from omnirl.protocol.trainer_link import TrainerLink
 from omnirl.reward.scorers import UnknownScorer
 from omnirl.reward.scoring import (
     ScorerSpecError,
@@ -57,7 +58,8 @@ DEFAULT_SCORER = "jpeg_compressibility"  # a Welcome from a trainer that names n
 
 @dataclass(kw_only=True, slots=True)
 class RewardWorkerConfig:
-    trainer: str  # the trainer's control address
+    trainer: str = ""  # the trainer's control address, or:
+    trainer_file: str = ""  # the trainer's address file, read again if the trainer moves
     scorers: list[WeightedScorer] | None = None  # None: the run's (Welcome config reward.scorer)
     bind: str = "tcp://127.0.0.1:0"
     # the host rollout workers on other machines reach the PULL at (e.g. the pod's IP);
@@ -108,21 +110,24 @@ class RewardWorker:
         )
         pull = sockets.bind("reward", cfg.bind)
         self.address = advertised_endpoint(bound_endpoint(pull), cfg.advertise)
-        control = sockets.connect("control", cfg.trainer)
-        monitor = control.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        link = TrainerLink(
+            sockets, poller, address=cfg.trainer, address_file=cfg.trainer_file or None
+        )
         push: zmq.Socket | None = None
         push_address = ""
-        poller = zmq.Poller()
-        for sock in (pull, control, monitor):
-            poller.register(sock, zmq.POLLIN)
-        log.info("%s: PULL on %s, trainer %s", self.worker_id, self.address, cfg.trainer)
         hello_sent_at = -1e9
         next_beat = 0.0
         lost_since: float | None = None
         self._unwelcomed_since = time.monotonic()
         try:
+            if not link.open(wait_s=cfg.trainer_timeout_s, stopped=lambda: self._stop):
+                return EXIT_OK if self._stop else EXIT_TRAINER_LOST
+            log.info("%s: PULL on %s, trainer %s", self.worker_id, self.address, link.source)
             while not self._stop:
                 now = time.monotonic()
+                control, monitor = link.control, link.monitor
                 if self._welcome is None and now - hello_sent_at >= cfg.hello_retry_s:
                     _send(control, self._hello())
                     hello_sent_at = now
@@ -134,16 +139,16 @@ class RewardWorker:
                     if lost_since is not None
                     else (self._unwelcomed_since if self._welcome is None else None)
                 )
-                if (
-                    unreachable_since is not None
-                    and now - unreachable_since > cfg.trainer_timeout_s
-                ):
-                    log.error(
-                        "%s: trainer unreachable for %.0f s, exiting",
-                        self.worker_id,
-                        now - unreachable_since,
-                    )
+                away = None if unreachable_since is None else now - unreachable_since
+                if away is not None and away > cfg.trainer_timeout_s:
+                    log.error("%s: trainer unreachable for %.0f s, exiting", self.worker_id, away)
                     return EXIT_TRAINER_LOST
+                if away is not None and away > cfg.hello_retry_s and link.follow(now):
+                    log.info("%s: following the trainer to %s", self.worker_id, link.address)
+                    lost_since = None
+                    self._unwelcome()  # register with it; its trainer-lost clock starts now
+                    hello_sent_at = -1e9
+                    continue
                 for sock, _ in poller.poll(timeout=200):
                     if sock is monitor:
                         event = recv_monitor_message(monitor)["event"]
@@ -197,8 +202,7 @@ class RewardWorker:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
-            control.disable_monitor()
-            monitor.close(linger=0)
+            link.close()
             sockets.close()
 
     # -------------------------------------------------------------------------- messages

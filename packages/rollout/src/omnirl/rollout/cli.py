@@ -1,4 +1,4 @@
-"""``uv run rollout --trainer tcp://HOST:PORT [--device cpu] [--dtype float32] ...``.
+"""``uv run rollout --trainer tcp://HOST:PORT|--trainer-file PATH [--device cpu] [--dtype float32] ...``.
 
 Argument parsing imports nothing heavy; torch and the model stack load after it.
 """
@@ -14,12 +14,13 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from omnirl.protocol.auth import add_security_arguments
+    from omnirl.protocol.trainer_link import add_trainer_arguments
     from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY
 
     parser = argparse.ArgumentParser(
         prog="rollout", description="omnirl rollout worker: sample leased prompt groups"
     )
-    parser.add_argument("--trainer", required=True, help="the trainer's control address")
+    add_trainer_arguments(parser)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     parser.add_argument(
         "--dtype",
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     worker = RolloutWorker(
         RolloutWorkerConfig(
-            trainer=args.trainer,
+            trainer=args.trainer or "",
+            trainer_file=args.trainer_file or "",
             device=args.device,
             dtype=args.dtype,
             compile=args.compile or args.compile_mode is not None or bool(args.compile_scope),

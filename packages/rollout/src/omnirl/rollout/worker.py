@@ -48,6 +48,7 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, recv_ready, send_message
+from omnirl.protocol.trainer_link import TrainerLink
 from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY, RolloutModel
 from omnirl.rollout.reward_push import RewardPush
 from omnirl.rollout.sampler import JobResult, SamplerThread
@@ -60,7 +61,8 @@ EXIT_OK, EXIT_FATAL, EXIT_TRAINER_LOST = 0, 1, 2
 
 @dataclass(kw_only=True, slots=True)
 class RolloutWorkerConfig:
-    trainer: str  # the trainer's control address
+    trainer: str = ""  # the trainer's control address, or:
+    trainer_file: str = ""  # the trainer's address file, read again if the trainer moves
     device: str = "cpu"
     dtype: str = "float32"
     compile: bool = False  # the compiled backend (omnirl.models.compile), warmed up at build
@@ -129,30 +131,29 @@ class RolloutWorker:
         self._sockets = SocketFactory(
             cfg.security, SocketOptions(max_bytes=cfg.max_bytes), context=self._context
         )
-        self._control = self._sockets.connect("control", cfg.trainer)
-        self._monitor = self._control.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-        )
         self._weights: zmq.Socket | None = None
         self._weights_address = ""
         self._rewards = RewardPush(
             self._sockets, worker_id=self.worker_id, send_timeout_s=cfg.send_timeout_s
         )
         self._poller = zmq.Poller()
-        self._poller.register(self._control, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
-        log.info(
-            "%s: trainer %s, device %s, dtype %s",
-            self.worker_id,
-            cfg.trainer,
-            cfg.device,
-            cfg.dtype,
+        self._link = TrainerLink(
+            self._sockets, self._poller, address=cfg.trainer, address_file=cfg.trainer_file or None
         )
         self._unwelcomed_since = time.monotonic()
         hello_sent_at = -1e9
         lost_since: float | None = None
         next_beat = 0.0
         try:
+            if not self._link.open(wait_s=cfg.trainer_timeout_s, stopped=lambda: self._stop):
+                return EXIT_OK if self._stop else EXIT_TRAINER_LOST
+            log.info(
+                "%s: trainer %s, device %s, dtype %s",
+                self.worker_id,
+                self._link.source,
+                cfg.device,
+                cfg.dtype,
+            )
             while not self._stop:
                 now = time.monotonic()
                 if self._welcome is None and now - hello_sent_at >= cfg.retry_s:
@@ -166,13 +167,17 @@ class RolloutWorker:
                     if lost_since is not None
                     else (self._unwelcomed_since if self._welcome is None else None)
                 )
-                if unreachable is not None and now - unreachable > cfg.trainer_timeout_s:
-                    log.error(
-                        "%s: trainer unreachable for %.0f s, exiting",
-                        self.worker_id,
-                        now - unreachable,
-                    )
+                away = None if unreachable is None else now - unreachable
+                if away is not None and away > cfg.trainer_timeout_s:
+                    log.error("%s: trainer unreachable for %.0f s, exiting", self.worker_id, away)
                     return EXIT_TRAINER_LOST
+                if away is not None and away > cfg.retry_s and self._link.follow(now):
+                    log.info("%s: following the trainer to %s", self.worker_id, self._link.address)
+                    lost_since = None
+                    self._unwelcome()  # register with it; its trainer-lost clock starts now
+                    hello_sent_at = -1e9
+                    self._lease_requested_at = None
+                    continue
                 for sock, _ in self._poller.poll(timeout=50):
                     if sock is self._monitor:
                         event = recv_monitor_message(self._monitor)["event"]
@@ -202,9 +207,16 @@ class RolloutWorker:
             return EXIT_OK
         finally:
             self._sampler.close()
-            self._control.disable_monitor()
-            self._monitor.close(linger=0)
+            self._link.close()
             self._sockets.close()
+
+    @property
+    def _control(self) -> zmq.Socket:
+        return self._link.control
+
+    @property
+    def _monitor(self) -> zmq.Socket:
+        return self._link.monitor
 
     def _advance(self) -> None:
         """Start whatever can start now: the model, a weight version, a lease, a request."""

@@ -39,6 +39,7 @@ from omnirl.protocol.messages import (
     Refusal,
     WeightRequest,
 )
+from omnirl.protocol.trainer_link import ADDRESS_FILE
 from omnirl.trainer.balanced_data import BalancedPromptSource
 from omnirl.trainer.checkpoint import (
     latest_checkpoint,
@@ -56,7 +57,6 @@ from omnirl.trainer.publisher import WeightPublisher
 
 log = logging.getLogger("omnirl.trainer")
 
-ADDRESS_FILE = "trainer.addr"
 MAX_STEP_FAILURES = 3  # consecutive failed optimisation steps end the run (exit code 1)
 INTAKE_BURST = 512  # intake messages handled per loop iteration before serving control again
 

@@ -1,0 +1,148 @@
+"""A worker's control connection to the trainer, and where that trainer is.
+
+The trainer's control address is either given (``--trainer tcp://HOST:PORT``) or read from
+the address file the trainer writes, ``<run.output_dir>/trainer.addr``
+(``--trainer-file PATH``). With a file the address is read again while the trainer is
+unreachable, so that a trainer restarted somewhere else (a requeued Slurm job on another
+node, a new port) is found: the worker connects there and registers again, without a
+restart of its own. A fixed address relies on ZeroMQ's reconnection to the same place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from omnirl.protocol.sockets import SocketFactory
+
+log = logging.getLogger(__name__)
+
+ADDRESS_FILE = "trainer.addr"  # in the run's output directory
+
+
+def read_address_file(path: str | Path) -> str:
+    """The control address in a trainer address file ("" while it is missing or empty).
+
+    The file is a bare line (``tcp://HOST:PORT``) or JSON with a ``control`` key.
+    """
+    try:
+        text = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return ""
+    if text.startswith("{"):
+        try:
+            return str(json.loads(text)["control"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a trainer address file ({exc})") from None
+    return text.splitlines()[0].strip() if text else ""
+
+
+def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trainer ADDRESS`` or ``--trainer-file PATH`` (one of them, required)."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--trainer", help="the trainer's control address, tcp://HOST:PORT")
+    where.add_argument(
+        "--trainer-file",
+        help=f"the trainer's address file (<run.output_dir>/{ADDRESS_FILE}): waited for at "
+        "start, read again while the trainer is unreachable, so that a trainer restarted "
+        "elsewhere (another node, another port) is followed",
+    )
+
+
+class TrainerLink:
+    """The control DEALER to the trainer, its connection monitor, and their poller entries.
+
+    ``address``: the trainer's fixed control address; or ``address_file``: a trainer
+    address file, read again (at most every ``reread_s``) by :meth:`follow`.
+    """
+
+    def __init__(
+        self,
+        sockets: SocketFactory,
+        poller: zmq.Poller,
+        *,
+        address: str = "",
+        address_file: str | Path | None = None,
+        reread_s: float = 2.0,
+    ):
+        if bool(address) == (address_file is not None):
+            raise ValueError("give the trainer's address or its address file, not both")
+        self._sockets = sockets
+        self._poller = poller
+        self._file = Path(address_file) if address_file is not None else None
+        self._reread_s = reread_s
+        self._read_at = -1e9
+        self.address = address
+        self.control: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the address comes from, for logs."""
+        return self.address if self._file is None else f"{self.address} (from {self._file})"
+
+    def open(self, *, wait_s: float, stopped: Callable[[], bool]) -> bool:
+        """Connect; with an address file, wait up to ``wait_s`` for it to name a trainer.
+
+        False when the wait ran out (logged as an error) or ``stopped()`` became true first.
+        """
+        if self._file is not None:
+            deadline = time.monotonic() + wait_s
+            while not (address := read_address_file(self._file)):
+                if stopped():
+                    return False
+                if time.monotonic() >= deadline:
+                    log.error("no trainer address in %s after %.0f s", self._file, wait_s)
+                    return False
+                time.sleep(0.2)
+            self.address = address
+        self._connect()
+        return True
+
+    def follow(self, now: float) -> bool:
+        """Read the address file again; connect anew if it names another trainer.
+
+        True when the link moved (the caller registers again). Never moves without a file;
+        reads it at most every ``reread_s``; a file that is missing, empty or unreadable
+        (being rewritten) leaves the link where it is.
+        """
+        if self._file is None or now - self._read_at < self._reread_s:
+            return False
+        self._read_at = now
+        try:
+            address = read_address_file(self._file)
+        except (OSError, ValueError) as exc:
+            log.warning("cannot read %s: %s", self._file, exc)
+            return False
+        if not address or address == self.address:
+            return False
+        log.info("the trainer's address file now names %s (was %s)", address, self.address)
+        self._disconnect()
+        self.address = address
+        self._connect()
+        return True
+
+    def close(self) -> None:
+        self._disconnect()
+
+    def _connect(self) -> None:
+        self.control = self._sockets.connect("control", self.address)
+        self.monitor = self.control.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._poller.register(self.control, zmq.POLLIN)
+        self._poller.register(self.monitor, zmq.POLLIN)
+
+    def _disconnect(self) -> None:
+        if self.control is None:
+            return
+        self._poller.unregister(self.control)
+        self._poller.unregister(self.monitor)
+        self.control.disable_monitor()
+        self.monitor.close(linger=0)
+        self._sockets.discard(self.control)
+        self.control = self.monitor = None

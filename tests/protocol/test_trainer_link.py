@@ -1,0 +1,70 @@
+"""TrainerLink: a fixed trainer address, or the trainer's address file followed as it changes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import zmq
+
+from omnirl.protocol.auth import SecurityConfig
+from omnirl.protocol.sockets import SocketFactory, SocketOptions
+from omnirl.protocol.trainer_link import TrainerLink
+
+A, B = "tcp://127.0.0.1:5991", "tcp://127.0.0.1:5992"
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def sockets():
+    with SocketFactory(SecurityConfig(), SocketOptions(linger_ms=0)) as factory:
+        yield factory
+
+
+def connected_to(link: TrainerLink) -> str:
+    return link.control.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def test_the_address_file_is_followed_when_it_names_another_trainer(sockets, tmp_path):
+    path = tmp_path / "trainer.addr"
+    path.write_text(A + "\n")
+    poller = zmq.Poller()
+    link = TrainerLink(sockets, poller, address_file=path, reread_s=1.0)
+    assert link.open(wait_s=1, stopped=lambda: False) and connected_to(link) == A
+    first = link.control
+    assert not link.follow(10.0)  # the same address: stay
+    path.write_text(B + "\n")
+    assert not link.follow(10.5)  # read at most every reread_s
+    assert link.follow(11.0) and connected_to(link) == B and link.address == B
+    assert first.closed and {s for s, _ in poller.sockets} == {link.control, link.monitor}
+    path.unlink()  # a trainer starting again removes it first: stay where we are
+    assert not link.follow(20.0) and link.address == B
+    path.write_text("")
+    assert not link.follow(30.0)
+    link.close()
+    assert not poller.sockets
+
+
+def test_a_fixed_address_never_moves(sockets):
+    link = TrainerLink(sockets, zmq.Poller(), address=A)
+    assert link.open(wait_s=0, stopped=lambda: False) and connected_to(link) == A
+    assert not link.follow(100.0)
+    assert link.source == A
+    link.close()  # its monitor socket too, else the context cannot terminate
+
+
+def test_waiting_for_an_address_file_that_never_comes(sockets, tmp_path, caplog):
+    link = TrainerLink(sockets, zmq.Poller(), address_file=tmp_path / "trainer.addr")
+    with caplog.at_level(logging.ERROR, logger="omnirl.protocol.trainer_link"):
+        assert not link.open(wait_s=0.3, stopped=lambda: False)
+    assert "no trainer address in" in caplog.text and link.control is None
+    caplog.clear()
+    assert not link.open(wait_s=30, stopped=lambda: True)  # a stop request ends the wait
+    assert not caplog.text
+
+
+def test_address_and_file_are_exclusive(sockets, tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        TrainerLink(sockets, zmq.Poller(), address=A, address_file=tmp_path / "f")
+    with pytest.raises(ValueError, match="not both"):
+        TrainerLink(sockets, zmq.Poller())
