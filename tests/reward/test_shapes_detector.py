@@ -7,7 +7,7 @@ import torch
 from omnirl.reward.shapes.detector import ShapeImageError, score, score_batch
 from omnirl.reward.shapes.measure import blur, gaussian_noise
 from omnirl.reward.shapes.render import render
-from omnirl.reward.shapes.world import CATEGORIES, ShapeSpecError, generate_prompts
+from omnirl.reward.shapes.world import CATEGORIES, COLOURS, ShapeSpecError, generate_prompts
 
 
 def _specs(per_category: int, seed: int) -> list:
@@ -92,3 +92,16 @@ def test_blank_and_empty_images_score_zero():
     blank = np.full((2, 32, 32, 3), 240, dtype=np.uint8)
     for result in score_batch(blank, spec):
         assert result.partial == 0.0 and not result.strict
+
+
+def test_measure_by_colour_scores_every_colour_against_a_prompt_naming_none(capsys):
+    from omnirl.reward.shapes.measure import CONDITIONS, colour_rates, main
+
+    clean = colour_rates(32, CONDITIONS["clean"], seeds=1)
+    assert set(clean) == set(COLOURS)
+    assert all(partial == 1.0 and strict == 1.0 for partial, strict in clean.values())
+    noisy = colour_rates(32, CONDITIONS["noise30"], seeds=1)
+    assert all(partial < 0.5 for partial, _ in noisy.values())  # the table can tell them apart
+    assert main(["--by-colour", "--group", "1", "--sizes", "32", "--conditions", "clean"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{c:>8}    1.000 / 1.00" in out for c in COLOURS)
