@@ -165,6 +165,30 @@ def test_key_added_to_the_allow_list_is_admitted_without_restart(keys, monkeypat
         assert recv_message(server, timeout_ms=TIMEOUT_MS).unwrap().worker_id == "late-joiner"
 
 
+def test_key_removed_from_the_allow_list_is_denied_without_restart(keys):
+    """Revocation: the directory changed, so the next handshake reads it again (the
+    connection already up is not cut: CURVE authenticates at the handshake)."""
+    with server_factory(keys) as server_side:
+        server = server_side.bind("intake", "tcp://127.0.0.1:*")
+        with client_factory(keys, "allowed", "rollout-0") as before:
+            push = before.connect("intake", bound_endpoint(server))
+            send_message(push, heartbeat("before"))
+            assert recv_message(server, timeout_ms=TIMEOUT_MS).unwrap().worker_id == "before"
+        secret = keys / "allowed/rollout-0.key_secret"
+        shutil.move(keys / "allowed/rollout-0.key", keys / "rollout-0.key")  # revoked
+        shutil.move(secret, keys / "rollout-0.key_secret")
+        with SocketFactory(
+            SecurityConfig(
+                keys_dir=keys, name="rollout-0", server_key=keys / "allowed/trainer.key"
+            ),
+            OPTIONS,
+        ) as after:
+            push = after.connect("intake", bound_endpoint(server))
+            send_if_possible(push, heartbeat("after"))
+            assert server.poll(NOTHING_MS) == 0, "a revoked key got a message through"
+        assert server_side.authenticator.denied >= 1
+
+
 def test_non_loopback_bind_without_keys_is_refused_and_insecure_allows_it():
     with SocketFactory(options=OPTIONS) as sockets:
         with pytest.raises(InsecureEndpointError, match="--insecure"):

@@ -14,8 +14,11 @@ The rule every socket follows (applied by :mod:`omnirl.protocol.sockets`):
 
 A client whose key is not in the allow-list never gets a message through: the
 :class:`AllowListAuthenticator` denies its handshake, logs a warning naming the key, and
-counts it. Key files added to the allow-list directory while a run goes on are picked up
-(the directory is re-read, at most once a second, when an unknown key knocks).
+counts it. The allow-list directory is read again whenever its modification time changes
+(a key file added, removed or renamed) and, at most once a second, when an unknown key
+knocks, so keys are granted and revoked while a run goes on. A revoked key's connections
+that are already up stay up: CURVE authenticates a connection once, at its handshake;
+restart that peer (or the server) to cut it off.
 """
 
 from __future__ import annotations
@@ -278,6 +281,7 @@ class AllowListAuthenticator(ThreadAuthenticator):
         self.denied = 0
         self._lock = threading.Lock()
         self._last_reload = 0.0
+        self._dir_stamp: int | None = None
 
     def start(self) -> None:
         super().start()
@@ -286,9 +290,18 @@ class AllowListAuthenticator(ThreadAuthenticator):
     def reload(self) -> None:
         """Re-read the allow-list directory."""
         self._last_reload = time.monotonic()
+        self._dir_stamp = self._stamp()  # before the listing: a change during it shows later
         self.configure_curve(domain=ZAP_DOMAIN, location=str(self.allow_dir))
 
+    def _stamp(self) -> int | None:
+        try:
+            return self.allow_dir.stat().st_mtime_ns
+        except OSError:
+            return None
+
     async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        if self._stamp() != self._dir_stamp:
+            self.reload()  # a key file added, removed or renamed since the last read
         ok, reason = await super()._authenticate_curve(domain, client_key)
         if not ok and time.monotonic() - self._last_reload >= self.RELOAD_INTERVAL_S:
             self.reload()  # a key added to the allow-list since the last read
