@@ -63,8 +63,17 @@ def test_waiting_for_an_address_file_that_never_comes(sockets, tmp_path, caplog)
     assert not caplog.text
 
 
+def test_a_file_that_is_not_an_address_file_is_a_clear_error(sockets, tmp_path, caplog):
+    path = tmp_path / "trainer.addr"
+    path.write_text('{"weights": "tcp://127.0.0.1:9"}')
+    link = TrainerLink(sockets, zmq.Poller(), address_file=path)
+    with caplog.at_level(logging.ERROR, logger="omnirl.protocol.trainer_link"):
+        assert not link.open(wait_s=30, stopped=lambda: False)  # at once, not after 30 s
+    assert "not a trainer address file" in caplog.text
+
+
 def test_address_and_file_are_exclusive(sockets, tmp_path):
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="exactly one"):
         TrainerLink(sockets, zmq.Poller(), address=A, address_file=tmp_path / "f")
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="exactly one"):
         TrainerLink(sockets, zmq.Poller())

@@ -72,7 +72,7 @@ class TrainerLink:
         reread_s: float = 2.0,
     ):
         if bool(address) == (address_file is not None):
-            raise ValueError("give the trainer's address or its address file, not both")
+            raise ValueError("give exactly one of the trainer's address and its address file")
         self._sockets = sockets
         self._poller = poller
         self._file = Path(address_file) if address_file is not None else None
@@ -90,12 +90,13 @@ class TrainerLink:
     def open(self, *, wait_s: float, stopped: Callable[[], bool]) -> bool:
         """Connect; with an address file, wait up to ``wait_s`` for it to name a trainer.
 
-        False when the wait ran out (logged as an error) or ``stopped()`` became true first.
+        False when the wait ran out or the file is not an address file (both logged as
+        errors), or when ``stopped()`` became true first.
         """
         if self._file is not None:
             deadline = time.monotonic() + wait_s
-            while not (address := read_address_file(self._file)):
-                if stopped():
+            while not (address := self._read()):
+                if address is None or stopped():
                     return False
                 if time.monotonic() >= deadline:
                     log.error("no trainer address in %s after %.0f s", self._file, wait_s)
@@ -130,6 +131,14 @@ class TrainerLink:
 
     def close(self) -> None:
         self._disconnect()
+
+    def _read(self) -> str | None:
+        """The address in the file ("" while there is none); None if it cannot be one."""
+        try:
+            return read_address_file(self._file)
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the trainer's address: %s", exc)
+            return None
 
     def _connect(self) -> None:
         self.control = self._sockets.connect("control", self.address)
