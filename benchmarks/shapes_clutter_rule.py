@@ -1,0 +1,132 @@
+"""Would a clutter rule that ignores specks touching an object make the detector colour-fair?
+
+    uv run python benchmarks/shapes_clutter_rule.py [CHECKPOINT] [--limit 300] [--seeds 4]
+
+The detector counts every speck (a component below ``min_area``) as clutter, and more than
+1 % of the image in clutter fails strict. Through noise, an object's edge pixels fall off
+their colour line as specks, more for some colours than others
+(``python -m omnirl.reward.shapes.measure --by-colour``). The prototype rule here counts
+only specks with no pixel within one pixel of an object. Printed per palette colour, old
+and prototype rule (partial / strict): renders in that colour at noise sigma 15 scored
+against the prompt naming no colour; and, with a checkpoint, the model's images of the
+training prompts that name no colour, grouped by the colour of most of their objects.
+Not a rule the reward uses: the prototype for a decision (``docs/shapes_eval.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import omnirl.reward.shapes.detector as detector
+from omnirl.reward.shapes.measure import CONDITIONS
+from omnirl.reward.shapes.render import render
+from omnirl.reward.shapes.world import COLOURS, COUNTS, SHAPES, ShapeObject, ShapeSpec
+
+Scorer = Callable[[np.ndarray, ShapeSpec], list[detector.ShapeScore]]
+
+
+def score_batch_edge_specks(images: np.ndarray, spec: ShapeSpec) -> list[detector.ShapeScore]:
+    """``detector.score_batch`` with specks touching an object left out of the clutter."""
+    images = detector._as_images(images)
+    g, h, w, _ = images.shape
+    min_area = max(4, round(detector.MIN_AREA_FRACTION * h * w))
+    min_shape = max(min_area, round(detector.MIN_SHAPE_FRACTION * h * w))
+    background = detector.estimate_background(images)
+    classes, bg_distance, alpha = detector.classify_pixels(images, background)
+    labels = detector.label_components(classes)
+    out = []
+    for i in range(g):
+        objects, object_labels, _ = detector._objects(
+            labels[i], classes[i], alpha[i], min_area, min_shape
+        )
+        on_objects = np.isin(labels[i], object_labels)
+        open_background = detector._open_background(on_objects)
+        specks = (labels[i] >= 0) & ~on_objects
+        touching = np.unique(labels[i][specks & ~open_background])
+        clutter = float((specks & ~np.isin(labels[i], touching)).sum()) / (h * w)
+        far = bg_distance[i][open_background]
+        roughness = float(np.sqrt(np.mean(far**2))) if far.size else detector.ROUGHNESS_MAX
+        out.append(detector._score_one(objects, clutter, roughness, background[i], spec))
+    return out
+
+
+RULES: dict[str, Scorer] = {
+    "old": detector.score_batch,
+    "edge specks": score_batch_edge_specks,
+}
+
+
+def renders(seeds: int, condition: str = "noise15") -> dict[str, dict[str, tuple]]:
+    """Per rule and colour: (partial, strict) of noisy renders, prompts naming no colour."""
+    rows: dict[str, dict[str, list]] = {r: {c: [] for c in COLOURS} for r in RULES}
+    for colour in COLOURS:
+        for shape in SHAPES:
+            for count in (1, *COUNTS):
+                category = "single_object" if count == 1 else "counting"
+                drawn = ShapeSpec(category, (ShapeObject(count, colour, shape),))
+                asked = ShapeSpec(category, (ShapeObject(count, None, shape),))
+                transform = CONDITIONS[condition]
+                images = np.stack([transform(render(drawn, 32, k), k) for k in range(seeds)])
+                for rule, scorer in RULES.items():
+                    rows[rule][colour] += [(s.partial, s.strict) for s in scorer(images, asked)]
+    return {r: {c: _means(v) for c, v in by.items()} for r, by in rows.items()}
+
+
+def model_images(checkpoint: str, limit: int, seeds: int) -> dict[str, dict[str, tuple]]:
+    """Per rule and dominant colour: (partial, strict) of the model's images."""
+    from omnirl.tools.eval_shapes import evaluate, load_prompt_file
+    from omnirl.tools.policy_loading import load_adapter
+
+    specs = load_prompt_file(Path("examples/prompts/shapes_train.jsonl"))
+    specs = [s for s in specs if all(o.colour is None for o in s.objects)][:limit]
+    run = evaluate(load_adapter(checkpoint), specs, seeds=seeds)
+    dominant, seen = run.colours.argmax(-1), run.colours.sum(-1) > 0
+    rows: dict[str, dict[str, list]] = {r: {c: [] for c in COLOURS} for r in RULES}
+    for i, spec in enumerate(specs):
+        for rule, scorer in RULES.items():
+            for k, s in enumerate(scorer(run.images[i], spec)):
+                if seen[i, k]:
+                    rows[rule][COLOURS[dominant[i, k]]].append((s.partial, s.strict))
+    return {r: {c: _means(v) for c, v in by.items()} for r, by in rows.items()}
+
+
+def _means(pairs: list[tuple[float, bool]]) -> tuple[float, float, int]:
+    if not pairs:
+        return float("nan"), float("nan"), 0
+    partial, strict = zip(*pairs, strict=True)
+    return float(np.mean(partial)), float(np.mean(strict)), len(pairs)
+
+
+def _print(title: str, table: dict[str, dict[str, tuple]]) -> None:
+    print(title)
+    print(f"{'colour':<8} " + " ".join(f"{r:>22}" for r in RULES))
+    for c in COLOURS:
+        cells = " ".join(
+            f"{table[r][c][0]:>10.3f} / {table[r][c][1]:.3f} ({table[r][c][2]})" for r in RULES
+        )
+        print(f"{c:<8} {cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", nargs="?", default=None)
+    parser.add_argument("--limit", type=int, default=300, help="prompts naming no colour")
+    parser.add_argument("--seeds", type=int, default=4, help="images per prompt")
+    parser.add_argument("--render-seeds", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    _print("renders, noise sigma 15: partial / strict (n)", renders(args.render_seeds))
+    if args.checkpoint:
+        table = model_images(args.checkpoint, args.limit, args.seeds)
+        _print(f"{args.checkpoint}: the model's images by dominant colour", table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
