@@ -11,6 +11,11 @@ and prototype rule (partial / strict): renders in that colour at noise sigma 15 
 against the prompt naming no colour; and, with a checkpoint, the model's images of the
 training prompts that name no colour, grouped by the colour of most of their objects.
 Not a rule the reward uses: the prototype for a decision (``docs/shapes_eval.md``).
+
+With a checkpoint it also counts, per dominant colour, the model's images with objects the
+prompt did not ask for, and whether each such extra touches another object (bounding
+boxes within a pixel: one drawn shape split in two, typically a palette part and a part of
+no palette colour) or stands apart.
 """
 
 from __future__ import annotations
@@ -77,8 +82,9 @@ def renders(seeds: int, condition: str = "noise15") -> dict[str, dict[str, tuple
     return {r: {c: _means(v) for c, v in by.items()} for r, by in rows.items()}
 
 
-def model_images(checkpoint: str, limit: int, seeds: int) -> dict[str, dict[str, tuple]]:
-    """Per rule and dominant colour: (partial, strict) of the model's images."""
+def model_images(checkpoint: str, limit: int, seeds: int) -> tuple[dict, dict]:
+    """Per rule and dominant colour: (partial, strict) of the model's images; and per
+    dominant colour the extras' counts (:func:`extras`)."""
     from omnirl.tools.eval_shapes import evaluate, load_prompt_file
     from omnirl.tools.policy_loading import load_adapter
 
@@ -87,12 +93,40 @@ def model_images(checkpoint: str, limit: int, seeds: int) -> dict[str, dict[str,
     run = evaluate(load_adapter(checkpoint), specs, seeds=seeds)
     dominant, seen = run.colours.argmax(-1), run.colours.sum(-1) > 0
     rows: dict[str, dict[str, list]] = {r: {c: [] for c in COLOURS} for r in RULES}
+    split = {c: {"images": 0, "with extras": 0, "touching": 0, "apart": 0} for c in COLOURS}
     for i, spec in enumerate(specs):
         for rule, scorer in RULES.items():
             for k, s in enumerate(scorer(run.images[i], spec)):
-                if seen[i, k]:
-                    rows[rule][COLOURS[dominant[i, k]]].append((s.partial, s.strict))
-    return {r: {c: _means(v) for c, v in by.items()} for r, by in rows.items()}
+                if not seen[i, k]:
+                    continue
+                colour = COLOURS[dominant[i, k]]
+                rows[rule][colour].append((s.partial, s.strict))
+                if rule == "old":
+                    touching, apart = extras(s)
+                    counts = split[colour]
+                    counts["images"] += 1
+                    counts["with extras"] += int(touching + apart > 0)
+                    counts["touching"] += touching
+                    counts["apart"] += apart
+    return {r: {c: _means(v) for c, v in by.items()} for r, by in rows.items()}, split
+
+
+def extras(result: detector.ShapeScore) -> tuple[int, int]:
+    """(extras touching another detected object, extras apart from every other one)."""
+    objects = result.details["objects"]
+    touching = apart = 0
+    for e in result.details["extras"]:
+        ex0, ey0, ex1, ey1 = objects[e]["bbox"]
+        near = any(
+            ex0 <= o["bbox"][2] + 1
+            and o["bbox"][0] <= ex1 + 1
+            and ey0 <= o["bbox"][3] + 1
+            and o["bbox"][1] <= ey1 + 1
+            for j, o in enumerate(objects)
+            if j != e
+        )
+        touching, apart = touching + near, apart + (not near)
+    return touching, apart
 
 
 def _means(pairs: list[tuple[float, bool]]) -> tuple[float, float, int]:
@@ -123,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     _print("renders, noise sigma 15: partial / strict (n)", renders(args.render_seeds))
     if args.checkpoint:
-        table = model_images(args.checkpoint, args.limit, args.seeds)
+        table, split = model_images(args.checkpoint, args.limit, args.seeds)
         _print(f"{args.checkpoint}: the model's images by dominant colour", table)
+        print("extras (objects not asked for): images with any; extras touching / apart")
+        for c, n in split.items():
+            share = n["with extras"] / max(1, n["images"])
+            print(f"{c:<8} {share:>6.2f} of {n['images']:>4}   {n['touching']:>4} / {n['apart']}")
     return 0
 
 

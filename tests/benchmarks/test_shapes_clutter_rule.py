@@ -25,3 +25,17 @@ def test_specks_touching_an_object_are_not_clutter_and_far_ones_still_are(benchm
     assert old.details["clutter"] == pytest.approx(4 / 1024, abs=1e-4)  # rounded to 4 places
     assert new.details["clutter"] == pytest.approx(2 / 1024, abs=1e-4)  # only the far one
     assert rule(image[None], spec)[0].details["clutter"] == 0.0
+
+
+def test_extras_touching_another_object_are_told_from_extras_apart(benchmark_script):
+    from omnirl.reward.shapes.detector import ShapeScore
+
+    extras = benchmark_script("shapes_clutter_rule").extras
+    objects = [
+        {"colour": "green", "shape": "circle", "bbox": [4, 4, 12, 12], "area": 60},
+        {"colour": "unknown", "shape": "unknown", "bbox": [13, 6, 15, 10], "area": 9},  # beside
+        {"colour": "red", "shape": "square", "bbox": [24, 24, 30, 30], "area": 40},  # apart
+    ]
+    result = ShapeScore(0.4, False, {"objects": objects, "extras": [1, 2]})
+    assert extras(result) == (1, 1)
+    assert extras(ShapeScore(1.0, True, {"objects": objects[:1], "extras": []})) == (0, 0)
