@@ -28,9 +28,8 @@ import numpy as np
 import torch
 
 import omnirl.reward.shapes.detector as detector
-from omnirl.reward.shapes.measure import CONDITIONS
-from omnirl.reward.shapes.render import render
-from omnirl.reward.shapes.world import COLOURS, COUNTS, SHAPES, ShapeObject, ShapeSpec
+from omnirl.reward.shapes.measure import CONDITIONS, colour_rates
+from omnirl.reward.shapes.world import COLOURS, COUNTS, SHAPES, ShapeSpec
 
 Scorer = Callable[[np.ndarray, ShapeSpec], list[detector.ShapeScore]]
 
@@ -67,19 +66,15 @@ RULES: dict[str, Scorer] = {
 
 
 def renders(seeds: int, condition: str = "noise15") -> dict[str, dict[str, tuple]]:
-    """Per rule and colour: (partial, strict) of noisy renders, prompts naming no colour."""
-    rows: dict[str, dict[str, list]] = {r: {c: [] for c in COLOURS} for r in RULES}
-    for colour in COLOURS:
-        for shape in SHAPES:
-            for count in (1, *COUNTS):
-                category = "single_object" if count == 1 else "counting"
-                drawn = ShapeSpec(category, (ShapeObject(count, colour, shape),))
-                asked = ShapeSpec(category, (ShapeObject(count, None, shape),))
-                transform = CONDITIONS[condition]
-                images = np.stack([transform(render(drawn, 32, k), k) for k in range(seeds)])
-                for rule, scorer in RULES.items():
-                    rows[rule][colour] += [(s.partial, s.strict) for s in scorer(images, asked)]
-    return {r: {c: _means(v) for c, v in by.items()} for r, by in rows.items()}
+    """Per rule and colour: (partial, strict, n) of noisy renders, prompts naming no colour."""
+    n = len(SHAPES) * (1 + len(COUNTS)) * seeds
+    return {
+        rule: {
+            c: (*rates, n)
+            for c, rates in colour_rates(32, CONDITIONS[condition], seeds, scorer).items()
+        }
+        for rule, scorer in RULES.items()
+    }
 
 
 def model_images(checkpoint: str, limit: int, seeds: int) -> tuple[dict, dict]:

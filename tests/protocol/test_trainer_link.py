@@ -9,7 +9,7 @@ import zmq
 
 from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.sockets import SocketFactory, SocketOptions
-from omnirl.protocol.trainer_link import TrainerLink
+from omnirl.protocol.trainer_link import TrainerLink, read_address_file
 
 A, B = "tcp://127.0.0.1:5991", "tcp://127.0.0.1:5992"
 pytestmark = pytest.mark.timeout(30)
@@ -77,3 +77,17 @@ def test_address_and_file_are_exclusive(sockets, tmp_path):
         TrainerLink(sockets, zmq.Poller(), address=A, address_file=tmp_path / "f")
     with pytest.raises(ValueError, match="exactly one"):
         TrainerLink(sockets, zmq.Poller())
+
+
+def test_address_file_formats_parse(tmp_path):
+    path = tmp_path / "trainer.addr"
+    path.write_text('{"control": "tcp://127.0.0.1:7"}')
+    assert read_address_file(path) == "tcp://127.0.0.1:7"
+    path.write_text("tcp://127.0.0.1:8\n")
+    assert read_address_file(path) == "tcp://127.0.0.1:8"
+    path.write_text("")  # being rewritten
+    assert read_address_file(path) == ""
+    assert read_address_file(tmp_path / "missing.addr") == ""
+    path.write_text('{"weights": "tcp://127.0.0.1:9"}')
+    with pytest.raises(ValueError, match="not a trainer address file"):
+        read_address_file(path)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from omnirl.protocol.trainer_link import read_address_file
 from omnirl.tools.launch import Launcher
 
 TRAINER = textwrap.dedent(
@@ -160,20 +159,6 @@ def test_a_second_ctrl_c_later_kills_everything(tmp_path):
     assert time.monotonic() - start < 3.0, out
     assert "[trainer] trainer stopping" in out
     assert proc.returncode == 128 + signal.SIGKILL, out  # the trainer was killed
-
-
-def test_address_file_formats_parse(tmp_path):
-    path = tmp_path / "trainer.addr"
-    path.write_text('{"control": "tcp://127.0.0.1:7"}')
-    assert read_address_file(path) == "tcp://127.0.0.1:7"
-    path.write_text("tcp://127.0.0.1:8\n")
-    assert read_address_file(path) == "tcp://127.0.0.1:8"
-    path.write_text("")  # being rewritten
-    assert read_address_file(path) == ""
-    assert read_address_file(tmp_path / "missing.addr") == ""
-    path.write_text('{"weights": "tcp://127.0.0.1:9"}')
-    with pytest.raises(ValueError, match="not a trainer address file"):
-        read_address_file(path)
 
 
 def test_cores_are_shared_between_trainer_and_rollout_workers():

@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from omnirl.protocol.trainer_link import ADDRESS_FILE
-from omnirl.protocol.trainer_link import read_address_file as read_address
+from omnirl.protocol.trainer_link import ADDRESS_FILE, read_address_file
 
 SAME_SIGNAL_S = 1.0  # a repeat within this long is the same Ctrl-C (uv forwards SIGINT)
 
@@ -308,9 +307,9 @@ class Launcher:
             if self._signals:
                 raise LaunchError("interrupted while waiting for the trainer's address")
             try:
-                if path.stat().st_mtime >= since and (address := read_address(path)):
+                if path.stat().st_mtime >= since and (address := read_address_file(path)):
                     return address
-            except (FileNotFoundError, ValueError, KeyError):
+            except (FileNotFoundError, ValueError):  # not written yet, or half written
                 pass
             time.sleep(0.1)
         raise LaunchError(f"no address in {path} after {self.address_timeout_s:.0f} s")

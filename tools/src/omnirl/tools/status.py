@@ -94,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
     if not address and args.run_dir is not None:
         from omnirl.protocol.trainer_link import ADDRESS_FILE, read_address_file
 
-        address = read_address_file(args.run_dir / ADDRESS_FILE)
+        try:
+            address = read_address_file(args.run_dir / ADDRESS_FILE)
+        except (OSError, ValueError) as exc:
+            print(f"omnirl status: {exc}", file=sys.stderr)
+            return 2
         if not address:
             print(f"omnirl status: no address in {args.run_dir / ADDRESS_FILE}", file=sys.stderr)
             return 2

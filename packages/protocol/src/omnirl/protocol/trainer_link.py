@@ -116,11 +116,7 @@ class TrainerLink:
         if self._file is None or now - self._read_at < self._reread_s:
             return False
         self._read_at = now
-        try:
-            address = read_address_file(self._file)
-        except (OSError, ValueError) as exc:
-            log.warning("cannot read %s: %s", self._file, exc)
-            return False
+        address = self._read()
         if not address or address == self.address:
             return False
         log.info("the trainer's address file now names %s (was %s)", address, self.address)

@@ -157,10 +157,10 @@ class RolloutWorker:
             while not self._stop:
                 now = time.monotonic()
                 if self._welcome is None and now - hello_sent_at >= cfg.retry_s:
-                    _send(self._control, self._hello())
+                    _send(self._link.control, self._hello())
                     hello_sent_at = now
                 if self._welcome is not None and now >= next_beat:
-                    _send(self._control, self._heartbeat())
+                    _send(self._link.control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
                 unreachable = (
                     lost_since
@@ -179,8 +179,8 @@ class RolloutWorker:
                     self._lease_requested_at = None
                     continue
                 for sock, _ in self._poller.poll(timeout=50):
-                    if sock is self._monitor:
-                        event = recv_monitor_message(self._monitor)["event"]
+                    if sock is self._link.monitor:
+                        event = recv_monitor_message(self._link.monitor)["event"]
                         if event == zmq.EVENT_DISCONNECTED:
                             lost_since = time.monotonic()
                             log.warning("%s: lost the trainer's control socket", self.worker_id)
@@ -190,8 +190,8 @@ class RolloutWorker:
                             self._unwelcome()
                             hello_sent_at = -1e9
                             self._lease_requested_at = None
-                    elif sock is self._control:
-                        frames = recv_ready(self._control)  # None: a CURVE heartbeat woke it
+                    elif sock is self._link.control:
+                        frames = recv_ready(self._link.control)  # None: a CURVE heartbeat woke it
                         code = None if frames is None else self._on_control(frames)
                         if code is not None:
                             return code
@@ -209,14 +209,6 @@ class RolloutWorker:
             self._sampler.close()
             self._link.close()
             self._sockets.close()
-
-    @property
-    def _control(self) -> zmq.Socket:
-        return self._link.control
-
-    @property
-    def _monitor(self) -> zmq.Socket:
-        return self._link.monitor
 
     def _advance(self) -> None:
         """Start whatever can start now: the model, a weight version, a lease, a request."""
@@ -288,7 +280,10 @@ class RolloutWorker:
             return
         if now < self._backoff_until:
             return
-        _send(self._control, LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity))
+        _send(
+            self._link.control,
+            LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity),
+        )
         self._lease_requested_at = now
 
     def _request_weights(self, now: float) -> None:
@@ -434,7 +429,7 @@ class RolloutWorker:
                 self._backoff_until = time.monotonic() + 1.0
                 # the trainer issues its groups again now, not at the lease's deadline
                 _send(
-                    self._control,
+                    self._link.control,
                     LeaseReturn(
                         lease_id=lease.lease_id, worker_id=self.worker_id, reason=result.error
                     ),

@@ -89,9 +89,13 @@ def strict_rates(
     return {c: float(np.mean(v)) for c, v in passed.items()}, float(np.mean(partial))
 
 
-def colour_rates(size: int, transform: Transform, seeds: int) -> dict[str, tuple[float, float]]:
+def colour_rates(
+    size: int, transform: Transform, seeds: int, scorer: Callable = score_batch
+) -> dict[str, tuple[float, float]]:
     """Per palette colour: (mean partial, strict rate) of renders in that colour scored
-    against the same prompt with no colour named (``"a photo of three circles"``)."""
+    against the same prompt with no colour named (``"a photo of three circles"``).
+
+    ``scorer``: ``score_batch``, or a variant with its signature to compare rules."""
     out: dict[str, tuple[float, float]] = {}
     for colour in COLOURS:
         partial: list[float] = []
@@ -102,7 +106,7 @@ def colour_rates(size: int, transform: Transform, seeds: int) -> dict[str, tuple
                 drawn = ShapeSpec(category, (ShapeObject(count, colour, shape),))
                 asked = ShapeSpec(category, (ShapeObject(count, None, shape),))
                 images = np.stack([transform(render(drawn, size, k), k) for k in range(seeds)])
-                for result in score_batch(images, asked):
+                for result in scorer(images, asked):
                     partial.append(result.partial)
                     strict.append(result.strict)
         out[colour] = (float(np.mean(partial)), float(np.mean(strict)))
