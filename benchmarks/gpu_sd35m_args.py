@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 
 import torch
@@ -59,6 +60,14 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
         help="attention kernel for the omnirl stages (the baseline keeps torch's default)",
     )
     p.add_argument("--cache-dir", default=None, help="persistent compile cache directory")
+    p.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set torch._inductor.config KEY (dotted, e.g. triton.enable_pdl=1) before anything "
+        "compiles; repeatable",
+    )
     p.add_argument("--matmul-n", type=int, default=None)
     p.add_argument("--stages", default="all", help="comma-separated stage names, or 'all'")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_sd35m"))
@@ -66,7 +75,38 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     p.add_argument("--from-jsonl", default=None, help="only render this JSONL (with --write-docs)")
     p.add_argument("--warm-start-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.inductor = dict(_inductor_setting(item) for item in args.inductor)
     args.train_compile_scope = args.train_compile_scope or args.compile_scope
     args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
     args.matmul_n = args.matmul_n or (512 if args.tiny else 8192)
     return args
+
+
+def _inductor_setting(item: str) -> tuple[str, object]:
+    """``"triton.enable_pdl=1"`` -> ``("triton.enable_pdl", 1)`` (Python literals; anything
+    else stays a string)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--inductor wants KEY=VALUE, got {item!r}")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    return key.strip(), value
+
+
+def apply_inductor_settings(settings: dict[str, object]) -> None:
+    """Set each dotted ``torch._inductor.config`` key; an unknown key ends the run (a typo
+    would otherwise measure the default and call it the variant)."""
+    from torch._inductor import config
+
+    for key, value in settings.items():
+        *path, leaf = key.split(".")
+        target = config
+        for part in path:
+            target = getattr(target, part, None)
+            if target is None:
+                raise SystemExit(f"--inductor {key}: torch._inductor.config has no {part!r}")
+        if not hasattr(target, leaf):
+            raise SystemExit(f"--inductor {key}: torch._inductor.config has no {key!r}")
+        setattr(target, leaf, value)

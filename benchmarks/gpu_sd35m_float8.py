@@ -94,6 +94,64 @@ class Float8Stages:
                 parity_of=f"{what} vs compiled trainer",
             )
 
+    def stage_fp8_best(self) -> None:
+        """The fastest configuration measured so far, from a cold start and without the bf16
+        compiles before it: the rollout with static float8 scales and fast accumulation, the
+        trainer with the ``train_fp8_static_f8grad`` variant and the KL pass, both compiled.
+        Rows ``omnirl_rollout_fp8_best``, ``omnirl_train_fp8_best``, ``profile_fp8_best``
+        and ``omnirl_iteration_same_work_train_fp8_best`` (the iteration ``train_kl`` and the
+        float8 stages measure, after three compiles fewer)."""
+        if not hasattr(self, "rollout"):
+            self.build_omnirl()
+        activation, fast = FP8_VARIANTS["fp8_static_fast"]
+        self.rollout.enable_float8(activation=activation, fast_accum=fast)
+        calibration_s = None
+        if self.rollout.float8_needs_calibration():
+            _, calibration_s = self.sample()  # eager, row-wise: gathers the input ranges
+        mode = self.args.rollout_compile_mode or self.args.compile_mode
+        self.rollout.compile(self.compile_config().replace(mode=mode))
+        _, first = self.sample()
+        runs = [self.sample() for _ in range(self.args.repeats)]
+        groups, steady = min(runs, key=lambda r: r[1])
+        n = self.setup.images
+        self.report.add(
+            "omnirl_rollout_fp8_best",
+            s_per_image=steady / n,
+            denoise_s_per_image=(steady - self.decode_time(groups)) / n,
+            compile_s=first - steady,
+            calibration_s=calibration_s,
+            images_per_call=n,
+            **phases_per_image(groups, n),
+        )
+        options = TRAIN_FP8_VARIANTS["train_fp8_static_f8grad"]
+        self.train.compile(self.compile_config(self.args.train_compile_scope))
+        layers = self.train.enable_float8(options)
+        step = self.train_step(self.setup.kl_beta)
+        groups, _ = self.sample()
+        m, first = self.timed_step(step, groups)  # compiles and calibrates first
+        _, t = self.timed_step(step, groups)
+        self.report.add(
+            "omnirl_train_fp8_best",
+            s_per_sample_step=self.per_sample_step(groups, t),
+            compile_s=first - t,
+            layers=layers,
+            fast_accum=options.fast_accum,
+            activation=options.activation,
+            input_grad=options.input_grad,
+            scope=options.scope,
+            parity_mean=m["behav_prox_logp_absdiff_mean"],
+            parity_max=m["behav_prox_logp_absdiff_max"],
+            parity_of="float8 compiled rollout vs float8 compiled trainer (static, float8 "
+            "input gradient, fast accumulation)",
+        )
+        self.report.add(
+            "profile_fp8_best",
+            **profile_kernels(self.device, lambda: self.timed_step(step, groups), top=16),
+        )
+        self.sync_weights()
+        # the name the report's float8-trainer rows pair with omnirl_train_fp8_best
+        self.iterate("omnirl_iteration_same_work_train_fp8_best", step, None, True)
+
     def train_fp8_variant(self, name: str) -> None:
         """The trainer's frozen block linear layers in float8 as the variant says
         (``train.float8_*``): the compiled training step with the KL pass, its parity against

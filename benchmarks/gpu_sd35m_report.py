@@ -136,6 +136,7 @@ class Report:
             ("omnirl, float8, fast accumulation", "omnirl_rollout_fp8_fast"),
             ("omnirl, float8, static activation scales", "omnirl_rollout_fp8_static"),
             ("omnirl, float8, static scales, fast accumulation", "omnirl_rollout_fp8_static_fast"),
+            ("the same, cold start (`fp8_best`)", "omnirl_rollout_fp8_best"),
         ]
         for label, stage in rollout_rows:
             if stage == "baseline":

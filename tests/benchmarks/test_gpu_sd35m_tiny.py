@@ -137,3 +137,51 @@ def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):
     loop = rows["omnirl_rollout_fp8_static_fast"]["phase_denoise_s_per_image"]
     assert f"| omnirl, float8, static scales, fast accumulation | {loop:.4g} |" in md
     assert "omnirl_rollout_fp8_static_fast:" not in md  # no parity line without a trainer
+
+
+def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path):
+    """``fp8_best`` needs no other stage: the float8 rollout and trainer compiled from
+    nothing, their parity, kernel split and same-work iteration; an ``--inductor`` setting
+    is applied and recorded with the run."""
+    rows = _run_tiny(
+        tmp_path,
+        "--stages",
+        "fp8_best",
+        "--inductor",
+        "triton.multi_kernel=0",
+        timeout=600,
+    )
+    assert not [k for k in rows if k.endswith(("_error", "_skipped"))], rows
+    assert rows["env"]["inductor"] == {"triton.multi_kernel": 0}
+    rollout = rows["omnirl_rollout_fp8_best"]
+    assert rollout["calibration_s"] > 0 and rollout["phase_denoise_s_per_image"] > 0
+    train = rows["omnirl_train_fp8_best"]
+    assert (train["activation"], train["input_grad"], train["fast_accum"]) == (
+        "static",
+        "float8",
+        True,
+    )
+    assert 0 < train["parity_max"] < 0.1 and train["compile_s"] > 0
+    assert rows["profile_fp8_best"]["launches"] > 0
+    assert rows["omnirl_iteration_same_work_train_fp8_best"]["kl"] is True
+    md = (tmp_path / "gpu_sd35m.md").read_text()
+    trainer = "float8 trainer (static, input gradient float8, fast accumulation)"
+    assert f"| omnirl, same work, {trainer} | 3 |" in md
+    assert "| the same, cold start (`fp8_best`) |" in md
+
+
+def test_an_unknown_inductor_setting_ends_the_run_before_it_measures(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_sd35m.py"), "--tiny", "--device", "cpu"]
+    for bad, said in (
+        ("triton.no_such_knob=1", "has no 'triton.no_such_knob'"),
+        ("enable_pdl", "KEY=VALUE"),
+    ):
+        proc = subprocess.run(
+            [*cmd, "--out", str(tmp_path), "--inductor", bad],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert proc.returncode != 0 and said in proc.stderr, proc.stderr[-500:]
+        assert not (tmp_path / "gpu_sd35m.jsonl").exists()
