@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import zmq
 
 from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.sockets import SocketFactory, SocketOptions
-from omnirl.protocol.trainer_link import TrainerLink, read_address_file
+from omnirl.protocol.trainer_link import LINK_BACK, LINK_LOST, TrainerLink, read_address_file
 
 A, B = "tcp://127.0.0.1:5991", "tcp://127.0.0.1:5992"
 pytestmark = pytest.mark.timeout(30)
@@ -91,3 +92,46 @@ def test_address_file_formats_parse(tmp_path):
     path.write_text('{"weights": "tcp://127.0.0.1:9"}')
     with pytest.raises(ValueError, match="not a trainer address file"):
         read_address_file(path)
+
+
+def _next_event(link: TrainerLink, poller: zmq.Poller, timeout_s: float = 10.0):
+    """The next monitor event that means something to the clock (None: only others came)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if dict(poller.poll(100)).get(link.monitor):
+            event = link.read_monitor()
+            if event is not None:
+                return event
+    return None
+
+
+def test_the_trainer_lost_clock_runs_while_down_or_unwelcomed(sockets):
+    """A real trainer socket that goes away and comes back on the same port: the clock runs
+    from the drop, stops when the connection is back, and runs again until the worker is
+    welcomed; connected and welcomed it reads None."""
+    ctx = zmq.Context.instance()
+    trainer = ctx.socket(zmq.ROUTER)
+    trainer.bind(A)
+    poller = zmq.Poller()
+    link = TrainerLink(sockets, poller, address=A)
+    try:
+        start = time.monotonic()
+        link.open(wait_s=1, stopped=lambda: False)
+        assert link.away(start + 3, welcomed=False) == pytest.approx(3, abs=0.5)  # no Welcome yet
+        assert link.away(start + 3, welcomed=True) is None
+        trainer.close(linger=0)
+        assert _next_event(link, poller) == LINK_LOST
+        dropped = time.monotonic()
+        away = link.away(dropped + 2, welcomed=True)  # welcomed or not: the link is down
+        assert away == pytest.approx(2, abs=0.5)
+        link.unwelcome()  # forgetting the Welcome meanwhile does not restart the clock
+        assert link.away(dropped + 2, welcomed=False) == pytest.approx(away, abs=1e-6)
+        trainer = ctx.socket(zmq.ROUTER)
+        trainer.bind(A)
+        assert _next_event(link, poller) == LINK_BACK
+        back = time.monotonic()
+        assert link.away(back + 1, welcomed=False) == pytest.approx(1, abs=0.5)  # register again
+        assert link.away(back + 1, welcomed=True) is None
+    finally:
+        link.close()
+        trainer.close(linger=0)

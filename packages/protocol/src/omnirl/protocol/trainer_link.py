@@ -18,12 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from omnirl.protocol.sockets import SocketFactory
 
 log = logging.getLogger(__name__)
 
 ADDRESS_FILE = "trainer.addr"  # in the run's output directory
+LINK_LOST = "lost"  # TrainerLink.read_monitor: the control connection dropped
+LINK_BACK = "back"  # ... and came back after a drop (register again)
 
 
 def read_address_file(path: str | Path) -> str:
@@ -56,10 +59,17 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class TrainerLink:
-    """The control DEALER to the trainer, its connection monitor, and their poller entries.
+    """The control DEALER to the trainer, its connection monitor, their poller entries, and
+    the worker's trainer-lost clock.
 
     ``address``: the trainer's fixed control address; or ``address_file``: a trainer
     address file, read again (at most every ``reread_s``) by :meth:`follow`.
+
+    The clock (:meth:`away`) runs while the control connection is down (from the monitor's
+    disconnect, :meth:`read_monitor`) or, connected, while the worker holds no Welcome
+    (from its last :meth:`unwelcome`: a registration not yet answered, or forgotten). The
+    worker exits when it passes its trainer timeout, and follows the address file once it
+    passes its retry interval.
     """
 
     def __init__(
@@ -81,6 +91,8 @@ class TrainerLink:
         self.address = address
         self.control: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
+        self._lost_since: float | None = None
+        self._unwelcomed_since = time.monotonic()
 
     @property
     def source(self) -> str:
@@ -123,7 +135,38 @@ class TrainerLink:
         self._disconnect()
         self.address = address
         self._connect()
+        self._lost_since = None
+        self.unwelcome(now)  # the new trainer has not welcomed the worker yet
         return True
+
+    def unwelcome(self, now: float | None = None) -> None:
+        """The worker holds no Welcome from here on (it registers, or registers again): the
+        clock counts from ``now`` unless the connection is down already."""
+        self._unwelcomed_since = time.monotonic() if now is None else now
+
+    def away(self, now: float, *, welcomed: bool) -> float | None:
+        """Seconds the trainer has been unreachable at ``now``: since the connection dropped,
+        or, while ``welcomed`` is false, since the last :meth:`unwelcome`; None while the
+        worker is connected and welcomed."""
+        if self._lost_since is not None:
+            return now - self._lost_since
+        return None if welcomed else now - self._unwelcomed_since
+
+    def read_monitor(self) -> str | None:
+        """Read one event off :attr:`monitor` (poll it first): :data:`LINK_LOST` when the
+        connection dropped (the clock starts), :data:`LINK_BACK` when it is up again after a
+        drop (the caller registers again: the clock goes on until a Welcome), None for the
+        first connect and anything else."""
+        event = recv_monitor_message(self.monitor)["event"]
+        if event == zmq.EVENT_DISCONNECTED:
+            if self._lost_since is None:
+                self._lost_since = time.monotonic()
+            return LINK_LOST
+        if event == zmq.EVENT_CONNECTED and self._lost_since is not None:
+            self._lost_since = None
+            self.unwelcome()
+            return LINK_BACK
+        return None
 
     def close(self) -> None:
         self._disconnect()

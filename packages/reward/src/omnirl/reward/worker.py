@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.codec import decode, encode
@@ -40,7 +39,7 @@ from omnirl.protocol.sockets import (
     recv_ready,
     send_message,
 )
-from omnirl.protocol.trainer_link import TrainerLink
+from omnirl.protocol.trainer_link import LINK_BACK, LINK_LOST, TrainerLink
 from omnirl.reward.scorers import UnknownScorer
 from omnirl.reward.scoring import (
     ScorerSpecError,
@@ -112,15 +111,13 @@ class RewardWorker:
         self.address = advertised_endpoint(bound_endpoint(pull), cfg.advertise)
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
-        link = TrainerLink(
+        self._link = link = TrainerLink(
             sockets, poller, address=cfg.trainer, address_file=cfg.trainer_file or None
         )
         push: zmq.Socket | None = None
         push_address = ""
         hello_sent_at = -1e9
         next_beat = 0.0
-        lost_since: float | None = None
-        self._unwelcomed_since = time.monotonic()
         try:
             if not link.open(wait_s=cfg.trainer_timeout_s, stopped=lambda: self._stop):
                 return EXIT_OK if self._stop else EXIT_TRAINER_LOST
@@ -134,31 +131,24 @@ class RewardWorker:
                 if self._welcome is not None and now >= next_beat:
                     _send(control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
-                unreachable_since = (
-                    lost_since
-                    if lost_since is not None
-                    else (self._unwelcomed_since if self._welcome is None else None)
-                )
-                away = None if unreachable_since is None else now - unreachable_since
+                away = link.away(now, welcomed=self._welcome is not None)
                 if away is not None and away > cfg.trainer_timeout_s:
                     log.error("%s: trainer unreachable for %.0f s, exiting", self.worker_id, away)
                     return EXIT_TRAINER_LOST
                 if away is not None and away > cfg.hello_retry_s and link.follow(now):
                     log.info("%s: following the trainer to %s", self.worker_id, link.address)
-                    lost_since = None
-                    self._unwelcome()  # register with it; its trainer-lost clock starts now
+                    self._unwelcome()  # register with it
                     hello_sent_at = -1e9
                     continue
                 for sock, _ in poller.poll(timeout=200):
                     if sock is monitor:
-                        event = recv_monitor_message(monitor)["event"]
-                        if event == zmq.EVENT_DISCONNECTED:
-                            lost_since = time.monotonic()
+                        event = link.read_monitor()
+                        if event == LINK_LOST:
                             log.warning("%s: lost the trainer's control socket", self.worker_id)
-                        elif event == zmq.EVENT_CONNECTED and lost_since is not None:
-                            lost_since = None
+                        elif event == LINK_BACK:
+                            log.info("%s: trainer back, registering again", self.worker_id)
                             self._unwelcome()
-                            hello_sent_at = -1e9  # register again
+                            hello_sent_at = -1e9
                     elif sock is control:
                         frames = recv_ready(control)
                         if frames is None:  # a CURVE heartbeat woke the poll
@@ -308,9 +298,10 @@ class RewardWorker:
         return None
 
     def _unwelcome(self) -> None:
-        """Forget the registration (register again); the trainer-lost clock starts now."""
+        """Forget the registration (register again); the link's trainer-lost clock counts
+        from now."""
         self._welcome = None
-        self._unwelcomed_since = time.monotonic()
+        self._link.unwelcome()
 
     def _hello(self) -> Hello:
         return Hello(role="reward", worker_id=self.worker_id, address=self.address)

@@ -30,7 +30,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.codec import decode
@@ -48,7 +47,7 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, recv_ready, send_message
-from omnirl.protocol.trainer_link import TrainerLink
+from omnirl.protocol.trainer_link import LINK_BACK, LINK_LOST, TrainerLink
 from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY, RolloutModel
 from omnirl.rollout.reward_push import RewardPush
 from omnirl.rollout.sampler import JobResult, SamplerThread
@@ -140,9 +139,7 @@ class RolloutWorker:
         self._link = TrainerLink(
             self._sockets, self._poller, address=cfg.trainer, address_file=cfg.trainer_file or None
         )
-        self._unwelcomed_since = time.monotonic()
         hello_sent_at = -1e9
-        lost_since: float | None = None
         next_beat = 0.0
         try:
             if not self._link.open(wait_s=cfg.trainer_timeout_s, stopped=lambda: self._stop):
@@ -162,34 +159,24 @@ class RolloutWorker:
                 if self._welcome is not None and now >= next_beat:
                     _send(self._link.control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
-                unreachable = (
-                    lost_since
-                    if lost_since is not None
-                    else (self._unwelcomed_since if self._welcome is None else None)
-                )
-                away = None if unreachable is None else now - unreachable
+                away = self._link.away(now, welcomed=self._welcome is not None)
                 if away is not None and away > cfg.trainer_timeout_s:
                     log.error("%s: trainer unreachable for %.0f s, exiting", self.worker_id, away)
                     return EXIT_TRAINER_LOST
                 if away is not None and away > cfg.retry_s and self._link.follow(now):
                     log.info("%s: following the trainer to %s", self.worker_id, self._link.address)
-                    lost_since = None
-                    self._unwelcome()  # register with it; its trainer-lost clock starts now
+                    self._unwelcome()  # register with it
                     hello_sent_at = -1e9
-                    self._lease_requested_at = None
                     continue
                 for sock, _ in self._poller.poll(timeout=50):
                     if sock is self._link.monitor:
-                        event = recv_monitor_message(self._link.monitor)["event"]
-                        if event == zmq.EVENT_DISCONNECTED:
-                            lost_since = time.monotonic()
+                        event = self._link.read_monitor()
+                        if event == LINK_LOST:
                             log.warning("%s: lost the trainer's control socket", self.worker_id)
-                        elif event == zmq.EVENT_CONNECTED and lost_since is not None:
-                            lost_since = None
+                        elif event == LINK_BACK:
                             log.info("%s: trainer back, registering again", self.worker_id)
                             self._unwelcome()
                             hello_sent_at = -1e9
-                            self._lease_requested_at = None
                     elif sock is self._link.control:
                         frames = recv_ready(self._link.control)  # None: a CURVE heartbeat woke it
                         code = None if frames is None else self._on_control(frames)
@@ -333,7 +320,6 @@ class RolloutWorker:
                     msg.reason,
                 )
                 self._unwelcome()
-                self._lease_requested_at = None
             elif self._welcome is None:
                 log.error(
                     "%s: trainer refused registration (%s): %s",
@@ -452,9 +438,11 @@ class RolloutWorker:
         return None
 
     def _unwelcome(self) -> None:
-        """Forget the registration (register again); the trainer-lost clock starts now."""
+        """Forget the registration and the lease asked for (register again); the link's
+        trainer-lost clock counts from now."""
         self._welcome = None
-        self._unwelcomed_since = time.monotonic()
+        self._lease_requested_at = None
+        self._link.unwelcome()
 
     def _hello(self) -> Hello:
         backend = "compiled" if self.config.compile else "diffusers"
