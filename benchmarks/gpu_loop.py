@@ -214,6 +214,8 @@ def launch(args, config: Path, out: Path) -> int:
             rollout += ["--float8-fast-accum"]
         if args.float8_recalibrate_every is not None:
             rollout += ["--float8-recalibrate-every", str(args.float8_recalibrate_every)]
+    if args.decode_batch:
+        rollout += ["--decode-batch", str(args.decode_batch)]
     cmd = [
         sys.executable,
         "-c",
@@ -346,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the worker's --float8-recalibrate-every and the trainer's "
         "train.float8_recalibrate_every (default: theirs)",
+    )
+    p.add_argument(
+        "--decode-batch",
+        type=int,
+        default=0,
+        help="the worker's --decode-batch (images per VAE call; 0: all in one)",
     )
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     p.add_argument(

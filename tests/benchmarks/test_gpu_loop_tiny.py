@@ -38,6 +38,8 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
         "2",
         "--train-float8",
         "static",
+        "--decode-batch",
+        "3",
         "--out",
         str(tmp_path),
     ]
@@ -58,6 +60,7 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
     assert "--float8 static" in started[0]
     worker_log = (tmp_path / "run" / "logs" / "rollout-0.log").read_text()
     assert "float8 linear layers:" in worker_log  # converted, then sampled the whole run
+    assert "--decode-batch 3" in started[0] and "at most 3 images per VAE call" in worker_log
     assert "(activations static)" in worker_log
     # the first lease calibrates, then the lease after every second LoRA update (the worker
     # may skip a version; a request after its last lease is never carried out)

@@ -134,3 +134,48 @@ def test_shared_initial_noise_runs_one_row_per_group_until_the_first_stochastic_
     assert torch.equal(g.latents[0, 0], g.latents[2, 0])
     assert not torch.allclose(g.next_latents[0, 0], g.next_latents[1, 0])
     assert not torch.equal(h.latents[0, 0], h.latents[1, 0])
+
+
+def _decode_calls(rollout) -> list[int]:
+    """Record the batch of each VAE decode call from here on."""
+    calls: list[int] = []
+    decode = rollout.pipeline.vae.decode
+
+    def counted(z, *args, **kwargs):
+        calls.append(int(z.shape[0]))
+        return decode(z, *args, **kwargs)
+
+    rollout.pipeline.vae.decode = counted
+    return calls
+
+
+def test_decode_batch_splits_the_vae_calls_and_gives_the_same_images(tiny_sd3_path):
+    rollout = SD3RolloutAdapter.from_pretrained(tiny_sd3_path, max_sequence_length=16)
+    calls = _decode_calls(rollout)
+    whole = sample(rollout, prompts("cat", "dog"), params())
+    assert calls == [6]
+    rollout.set_decode_batch(4)
+    calls.clear()
+    split = sample(rollout, prompts("cat", "dog"), params())
+    assert calls == [4, 2]
+    for a, b in zip(whole, split, strict=True):
+        # the same images, to a unit of uint8 rounding (the convolutions' batch may differ)
+        assert (a.images.int() - b.images.int()).abs().max() <= 1
+        assert torch.equal(a.final_latents, b.final_latents)
+    with pytest.raises(ValueError, match="decode batch"):
+        rollout.set_decode_batch(-1)
+
+
+def test_the_worker_builds_its_model_with_the_decode_batch(tiny_sd3_path, make_welcome, capsys):
+    from omnirl.rollout.cli import main
+    from omnirl.rollout.model import RolloutModel
+    from omnirl.rollout.weights_inbox import ReadyUpdate
+
+    first = ReadyUpdate(
+        version=1, format="full", tensors={}, adapter_config=None, update_checksum=""
+    )
+    welcome = make_welcome(tiny_sd3_path, "StableDiffusion3Pipeline")
+    built = RolloutModel.build(welcome, first, device="cpu", dtype="float32", decode_batch=2)
+    assert built.adapter.decode_batch == 2
+    assert main(["--trainer", "tcp://127.0.0.1:1", "--decode-batch", "-1"]) == 2
+    assert "--decode-batch must be >= 0" in capsys.readouterr().err

@@ -129,6 +129,16 @@ class DiffusionRolloutAdapter(abc.ABC):
         eagerly, whatever the backend)."""
         return False
 
+    def set_decode_batch(self, images: int) -> None:
+        """Decode at most ``images`` images per VAE call (0: a lease's images in one call).
+        The decoder's activations at full resolution are what peaks a rollout's memory; a
+        smaller batch lowers the peak and gives the same images. A family that decodes
+        nothing, or in one way only, raises ``NotImplementedError`` for a positive value."""
+        if images < 0:
+            raise ValueError(f"decode batch must be >= 0 images, got {images}")
+        if images:
+            raise NotImplementedError(f"{type(self).__name__} has no decode batch")
+
     def recalibrate_float8(self) -> int:
         """Have the next :meth:`sample` calibrate the static float8 scales again; returns how
         many layers will (0: a model without static float8 layers)."""

@@ -91,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="persistent compile cache shared by workers (inductor cache + artifacts.bin)",
     )
+    parser.add_argument(
+        "--decode-batch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decode at most N images per VAE call (0, the default: a lease's images in one "
+        "call); the decoder at full resolution is what peaks a rollout's memory, so a GPU "
+        "shared with a trainer, or large images, want a small N; the images are the same",
+    )
     parser.add_argument("--worker-id", default="", help="default: rollout-<random>")
     parser.add_argument("--capacity", type=int, default=1, help="prompt groups per lease request")
     parser.add_argument(
@@ -123,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.float8_recalibrate_every < 0:
         print("rollout: --float8-recalibrate-every must be >= 0", file=sys.stderr)
         return 2
+    if args.decode_batch < 0:
+        print("rollout: --decode-batch must be >= 0", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 
@@ -144,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             float8_fast_accum=args.float8_fast_accum,
             float8_recalibrate_every=args.float8_recalibrate_every,
             lora_mode=args.lora_mode,
+            decode_batch=args.decode_batch,
             worker_id=args.worker_id,
             capacity=args.capacity,
             security=SecurityConfig.from_args(args),

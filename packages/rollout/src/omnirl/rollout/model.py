@@ -153,6 +153,7 @@ class RolloutModel:
         float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY,
         lora_mode: str = "auto",
         capacity: int = 1,
+        decode_batch: int = 0,
     ) -> RolloutModel:
         """Load ``welcome.model_path`` with the adapter shape the first update needs.
 
@@ -164,7 +165,8 @@ class RolloutModel:
         denoiser's block linear layers in float8 with ``"rowwise"`` or ``"static"`` activation
         scales, ``float8_fast_accum`` their accumulation mode (the adapter's
         ``enable_float8``), ``float8_recalibrate_every`` see the class.
-        ``lora_mode``: see :func:`resolve_lora_mode`.
+        ``lora_mode``: see :func:`resolve_lora_mode`. ``decode_batch``: images per VAE call
+        (the adapter's ``set_decode_batch``; 0: a lease's images in one call).
         """
         from omnirl.models.device import resolve_dtype
         from omnirl.models.registry import get_rollout_adapter
@@ -184,6 +186,9 @@ class RolloutModel:
             first.format,
         )
         model = cls(adapter, format=first.format, float8_recalibrate_every=float8_recalibrate_every)
+        if decode_batch:
+            adapter.set_decode_batch(decode_batch)
+            log.info("decoding at most %d images per VAE call", decode_batch)
         can_merge = bool(getattr(adapter_cls, "supports_lora_merge", False))
         mode = resolve_lora_mode(
             lora_mode, lora, torch_dtype, float8=bool(float8), can_merge=can_merge
@@ -287,6 +292,10 @@ class RolloutModel:
                 # the traceback's frames hold the lease's activations
                 traceback.clear_frames(err.__traceback__)
                 self.release_memory()
+                log.error(
+                    "the lease ran out of device memory: --decode-batch N (N images per VAE "
+                    "call) lowers the decode's peak, --capacity 1 the denoiser's"
+                )
             raise
 
     def release_memory(self) -> None:

@@ -75,6 +75,7 @@ class RolloutWorkerConfig:
     # static float8 scales: calibrated again every N LoRA updates (0: never)
     float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY
     lora_mode: str = "auto"  # "merged" | "adapter" | "auto" (merged in float32)
+    decode_batch: int = 0  # images per VAE call (0: a lease's images in one call)
     worker_id: str = ""
     capacity: int = 1  # prompt groups per lease request
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -226,6 +227,7 @@ class RolloutWorker:
                     float8_recalibrate_every=cfg.float8_recalibrate_every,
                     lora_mode=cfg.lora_mode,
                     capacity=cfg.capacity,
+                    decode_batch=cfg.decode_batch,
                 ),
             )
             return

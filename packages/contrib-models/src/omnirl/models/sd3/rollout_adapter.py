@@ -99,6 +99,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.compile_config: CompileConfig | None = None
         self.float8 = False
         self.float8_margin = DEFAULT_MARGIN
+        self.decode_batch = 0  # images per VAE call (set_decode_batch; 0: all at once)
         self.merged_lora: MergedLora | None = None
 
     def compile(self, config: CompileConfig) -> list[str]:
@@ -338,7 +339,9 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             final = x.cpu()  # float32 [N*G, C, h, w]
             t_denoised = time.perf_counter()
 
-            images = self._decode(x) if sampling.record_images else None  # uint8 [N*G, H, W, 3]
+            images = (
+                self._decode_batched(x) if sampling.record_images else None
+            )  # uint8 [N*G, H, W, 3]
             t_decoded = time.perf_counter()
 
             if record:
@@ -398,6 +401,18 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
     def _decode(self, latents: Tensor) -> Tensor:
         """VAE-decode float32 latents ``[B, C, h, w]`` to uint8 images ``[B, H, W, 3]``."""
         return vae_decode(self.pipeline.vae, latents)
+
+    def set_decode_batch(self, images: int) -> None:
+        if images < 0:
+            raise ValueError(f"decode batch must be >= 0 images, got {images}")
+        self.decode_batch = images
+
+    def _decode_batched(self, latents: Tensor) -> Tensor:
+        """:meth:`_decode` over at most ``decode_batch`` images a call (0: all in one)."""
+        n = self.decode_batch or latents.shape[0]
+        if n >= latents.shape[0]:
+            return self._decode(latents)
+        return torch.cat([self._decode(part) for part in latents.split(n)])
 
 
 def _host(t: Tensor | None) -> Tensor | None:
