@@ -304,3 +304,24 @@ def test_static_scales_survive_a_checkpoint(tiny_sd3_path, test_device, groups, 
     rowwise = _trainer(tiny_sd3_path, test_device, float8=Float8Training())
     load_checkpoint(path, adapter=rowwise, train_step=TrainStep(rowwise, "flow_grpo", config))
     assert all(layer.activation == "rowwise" for layer in float8_layers(rowwise.transformer))
+
+
+def test_a_reference_scope_trainer_calibrates_on_the_reference_pass_alone(
+    tiny_sd3_path, test_device, groups
+):
+    """Its layers run only in the reference pass, so only that pass calibrates them: one
+    model call per batch (a policy pass too would be two), and the scales are the ones a
+    calibration inside the reference pass alone gives."""
+    options = Float8Training(activation="static", scope="reference")
+    batches = [collate_transitions(groups, 1)]
+    train = _trainer(tiny_sd3_path, test_device, float8=options)
+    calls = []
+    hook = train.transformer.register_forward_hook(lambda *_: calls.append(1))
+    train.calibrate_float8(batches, sde_type="sde", reference=True)
+    hook.remove()
+    assert len(calls) == 1 and not train.float8_needs_calibration()
+    scales = [float(layer.input_scale) for layer in float8_layers(train.transformer)]
+    alone = _trainer(tiny_sd3_path, test_device, float8=options)
+    with torch.no_grad(), alone.float8_calibration(), alone.reference():
+        alone.transition(batches[0], sde_type="sde")
+    assert scales == [float(layer.input_scale) for layer in float8_layers(alone.transformer)]

@@ -287,6 +287,11 @@ class DiffusionTrainingAdapter(abc.ABC):
         """A context whose passes calibrate the static float8 scales."""
         raise NotImplementedError(f"{type(self).__name__} has no float8 training")
 
+    def float8_in_policy(self) -> bool:
+        """Whether the policy's own passes run in float8 (so calibrate on them); False when
+        float8 covers only the KL reference pass (``train.float8_scope: reference``)."""
+        return True
+
     @torch.no_grad()
     def calibrate_float8(
         self, batches: Sequence[TransitionBatch], *, sde_type: str, reference: bool
@@ -295,10 +300,15 @@ class DiffusionTrainingAdapter(abc.ABC):
         first micro-batch of every trained step), and over :meth:`reference` with
         ``reference`` (a loss with a KL term). A trainer calls it before any log-prob of a
         step, so the proximal, policy and reference passes of the step quantise alike; with
-        the same rows on every data-parallel rank the replicas share their scales."""
+        the same rows on every data-parallel rank the replicas share their scales. A
+        trainer whose float8 covers the reference pass alone calibrates on that pass alone
+        (the inputs its layers will see; the policy pass would cost a pass and widen the
+        range by the adapter's share)."""
+        policy = self.float8_in_policy()
         with self.float8_calibration():
             for batch in batches:
-                self.transition(batch, sde_type=sde_type)
+                if policy:
+                    self.transition(batch, sde_type=sde_type)
                 if reference:
                     with self.reference():
                         self.transition(batch, sde_type=sde_type)

@@ -190,6 +190,9 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
                 with float8_active(self.transformer):
                     yield
 
+    def float8_in_policy(self) -> bool:
+        return self.float8 is None or self.float8.scope == "all"
+
     @property
     def weight_format(self) -> WeightFormat:
         return "lora" if self.lora_config is not None else "full"
