@@ -98,9 +98,10 @@ class Float8Stages:
         """The fastest configuration measured so far, from a cold start and without the bf16
         compiles before it: the rollout with static float8 scales and fast accumulation, the
         trainer with the ``train_fp8_static_f8grad`` variant and the KL pass, both compiled.
-        Rows ``omnirl_rollout_fp8_best``, ``omnirl_train_fp8_best``, ``profile_fp8_best``
+        Rows ``omnirl_rollout_fp8_best``, ``omnirl_train_fp8_best``, ``profile_train_fp8_best``
         and ``omnirl_iteration_same_work_train_fp8_best`` (the iteration ``train_kl`` and the
-        float8 stages measure, after three compiles fewer)."""
+        float8 stages measure, after three compiles fewer; the fourteenth session's raw rows
+        name the profile ``profile_fp8_best``)."""
         if not hasattr(self, "rollout"):
             self.build_omnirl()
         activation, fast = FP8_VARIANTS["fp8_static_fast"]
@@ -123,44 +124,20 @@ class Float8Stages:
             images_per_call=n,
             **phases_per_image(groups, n),
         )
-        options = TRAIN_FP8_VARIANTS["train_fp8_static_f8grad"]
         self.train.compile(self.compile_config(self.args.train_compile_scope))
-        layers = self.train.enable_float8(options)
-        step = self.train_step(self.setup.kl_beta)
-        groups, _ = self.sample()
-        m, first = self.timed_step(step, groups)  # compiles and calibrates first
-        _, t = self.timed_step(step, groups)
-        self.report.add(
-            "omnirl_train_fp8_best",
-            s_per_sample_step=self.per_sample_step(groups, t),
-            compile_s=first - t,
-            layers=layers,
-            fast_accum=options.fast_accum,
-            activation=options.activation,
-            input_grad=options.input_grad,
-            scope=options.scope,
-            parity_mean=m["behav_prox_logp_absdiff_mean"],
-            parity_max=m["behav_prox_logp_absdiff_max"],
-            parity_of="float8 compiled rollout vs float8 compiled trainer (static, float8 "
-            "input gradient, fast accumulation)",
-        )
-        self.report.add(
-            "profile_fp8_best",
-            **profile_kernels(self.device, lambda: self.timed_step(step, groups), top=16),
-        )
-        self.sync_weights()
-        # the name the report's float8-trainer rows pair with omnirl_train_fp8_best
-        self.iterate("omnirl_iteration_same_work_train_fp8_best", step, None, True)
+        self.train_fp8_variant("train_fp8_static_f8grad", row="train_fp8_best")
 
-    def train_fp8_variant(self, name: str) -> None:
+    def train_fp8_variant(self, name: str, row: str | None = None) -> None:
         """The trainer's frozen block linear layers in float8 as the variant says
         (``train.float8_*``): the compiled training step with the KL pass, its parity against
         the rollout (whatever the rollout runs at this point: bf16, or float8 after an
         ``fp8*`` stage), its kernel time by kind, and the same-work iteration. Rows
-        ``omnirl_<name>``, ``profile_<name>`` and ``omnirl_iteration_same_work_<name>``;
+        ``omnirl_<row>``, ``profile_<row>`` and ``omnirl_iteration_same_work_<row>`` (``row``:
+        ``name`` unless given);
         ``compile_s`` includes a static variant's calibration pass. The trainer stays in
         float8 for later stages."""
         options = TRAIN_FP8_VARIANTS[name]
+        row = row or name
         layers = self.train.enable_float8(options)
         step = self.train_step(self.setup.kl_beta)
         groups, _ = self.sample()  # on-policy: the first step's parity is precision alone
@@ -173,7 +150,7 @@ class Float8Stages:
             f"{', fast accumulation' if options.fast_accum else ''}"
         )
         self.report.add(
-            f"omnirl_{name}",
+            f"omnirl_{row}",
             s_per_sample_step=self.per_sample_step(groups, t),
             compile_s=first - t,
             layers=layers,
@@ -187,8 +164,8 @@ class Float8Stages:
         )
         # kernel time by kind of one more step: what is left of it for kernel work
         self.report.add(
-            f"profile_{name}",
+            f"profile_{row}",
             **profile_kernels(self.device, lambda: self.timed_step(step, groups), top=16),
         )
         self.sync_weights()
-        self.iterate(f"omnirl_iteration_same_work_{name}", step, None, True, parity_of=what)
+        self.iterate(f"omnirl_iteration_same_work_{row}", step, None, True, parity_of=what)

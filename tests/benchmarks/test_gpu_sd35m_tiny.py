@@ -162,7 +162,7 @@ def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path
         True,
     )
     assert 0 < train["parity_max"] < 0.1 and train["compile_s"] > 0
-    assert rows["profile_fp8_best"]["launches"] > 0
+    assert rows["profile_train_fp8_best"]["launches"] > 0
     assert rows["omnirl_iteration_same_work_train_fp8_best"]["kl"] is True
     md = (tmp_path / "gpu_sd35m.md").read_text()
     trainer = "float8 trainer (static, input gradient float8, fast accumulation)"
