@@ -5,7 +5,7 @@ end the run.
 The memory check matters on a GPU: the traceback of an out-of-memory step keeps the step's
 activations and autograd graph alive, so the retry found the memory still taken and failed
 the same way (SD3.5-M, micro-batch 16 beside a rollout worker on one 80 GB card,
-``docs/benchmarks.md``, "GPU, twelfth session"). Here the step's tensors are CPU tensors
+``docs/gpu_sessions.md``, "GPU, twelfth session"). Here the step's tensors are CPU tensors
 watched through weak references, with the cyclic collector off.
 """
 

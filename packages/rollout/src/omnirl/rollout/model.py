@@ -55,7 +55,7 @@ def lora_kwargs(welcome: Welcome, update: ReadyUpdate) -> dict[str, Any] | None:
 
 LORA_MODES = ("auto", "merged", "adapter")
 # LoRA updates a static float8 worker takes between two calibrations (measured drift:
-# docs/benchmarks.md, "Static float8 scales as the LoRA trains")
+# docs/gpu_sessions.md, "Static float8 scales as the LoRA trains")
 DEFAULT_FLOAT8_RECALIBRATE_EVERY = 100
 
 

@@ -161,7 +161,7 @@ class TrainConfig:
     # on the step's first micro-batches, again every float8_recalibrate_every updates), the
     # input gradient in "float8" or "model_dtype", scope "all" passes or only the KL
     # "reference" pass; float8_fast_accum: Hopper's fast accumulation. Speed on SD3.5-M with
-    # KL (docs/benchmarks.md, "GPU, seventh" to "eleventh session"): row-wise 5 % slower
+    # KL (docs/gpu_sessions.md, "GPU, seventh" to "eleventh session"): row-wise 5 % slower
     # than bf16; static 11 % faster (float8 input gradient), 8 % (model_dtype); static 13 %
     # with micro_batch_size 16, where at 8 the host's kernel launches can hold it to 2 %
     # (16 needs more memory than an 80 GB card leaves beside a rollout worker: "twelfth")

@@ -5,7 +5,7 @@ up to rounding, at any micro-batch size. So halving it trades speed for memory w
 changing what is learned. A trainer that shares its GPU with a rollout worker sees the
 worker's memory move from lease to lease; this keeps it training (SD3.5-M at micro-batch 16
 beside a rollout worker on one 80 GB card ran out of memory and stopped the run:
-``docs/benchmarks.md``, "GPU, twelfth session").
+``docs/gpu_sessions.md``, "GPU, twelfth session").
 
 A step is retried only when none of it is left in the weights: no optimiser update had
 happened before the error, or one had and the step's snapshot put the weights back

@@ -10,7 +10,7 @@ fails (:func:`rewind`).
 
 ``train.step_snapshot`` chooses when: ``auto`` snapshots every step whose trainable state
 (the parameters and Adam's two moments) takes at most ``AUTO_SNAPSHOT_BYTES`` (a LoRA, even
-SD3.5-M's r32 at 0.5 % of an update, ``docs/benchmarks.md``, "GPU, thirteenth session"; a
+SD3.5-M's r32 at 0.5 % of an update, ``docs/gpu_sessions.md``, "GPU, thirteenth session"; a
 small model trained whole), and a larger one's only when the step makes several updates (a
 full fine-tune of SD3.5-M would copy about three times its weights); ``always``; ``never``. A failed step
 that changed the weights with no snapshot to undo it raises :class:`StepNotUndone`,
