@@ -62,3 +62,31 @@ def test_a_worker_whose_leases_keep_failing_is_refused_leases_for_a_while(null_s
     for gid in failed:
         other = server._lease_for(LeaseRequest(worker_id="rollout-1", capacity=4), time.time())
         assert isinstance(other, Lease) and [p.group_id for p in other.prompts] == [gid]
+
+
+def test_a_lease_refused_for_its_sampling_parameters_ends_the_run(null_server, no_model, caplog):
+    """The model refuses the run's sampling parameters: no worker could sample any lease,
+    so the trainer stops with exit code 2 and says why, instead of issuing it again."""
+    server = null_server(no_model, "runtime.lease_timeout_s=300")
+    led = server.ledger
+    led.heartbeat("rollout-0", time.time())
+    lease = led.issue("rollout-0", 2, time.time(), policy_version=0, fresh=server.prompts.next)
+    reason = "SamplingError: height and width must be positive multiples of 16, got 500x512"
+    back = LeaseReturn(
+        lease_id=lease.lease_id, worker_id="rollout-0", reason=reason, bad_sampling=True
+    )
+    server._on_control(b"peer", encode(back))
+    assert server.exit_code == 2 and server._stop_requested
+    assert reason in server._stop_reason
+    assert "change the run's sampling settings" in caplog.text
+    assert led.counters["leases_returned"] == 1  # its groups are back, consistent for a resume
+    assert not led.leases
+
+
+def test_a_sampler_job_says_whether_it_failed_on_refused_sampling_parameters():
+    from omnirl.models.sd3.rollout_adapter import SamplingError
+    from omnirl.rollout.sampler import JobResult
+
+    assert JobResult("lease", False, error_type=SamplingError).bad_sampling
+    assert not JobResult("lease", False, error_type=RuntimeError).bad_sampling  # e.g. CUDA
+    assert not JobResult("lease", True).bad_sampling

@@ -47,6 +47,12 @@ def sample_seeds(seed: int, group_id: str, group_size: int) -> Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
+class SamplingParamsError(ValueError):
+    """The model cannot honour a lease's sampling parameters (a size, an SDE type, a group
+    size): a property of the run's configuration, so every worker would fail the same way.
+    A rollout adapter raises it (or a subclass) before it samples anything."""
+
+
 class WeightLoadError(ValueError):
     """A weight update does not fit the model (unknown name, wrong shape or dtype)."""
 

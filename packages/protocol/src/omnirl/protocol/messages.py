@@ -128,11 +128,17 @@ class Lease(Message, tag="lease", kw_only=True):
 
 class LeaseReturn(Message, tag="lease_return", kw_only=True):
     """A worker gives back a lease it could not finish (its sampling failed): its groups
-    are issued again at once instead of at the lease's deadline. No reply."""
+    are issued again at once instead of at the lease's deadline. No reply.
+
+    ``bad_sampling``: the model refused the lease's sampling parameters (a size, SDE type or
+    group size it cannot honour): the run's configuration, not the worker, so no worker
+    can sample it and the trainer ends the run with ``reason`` instead of issuing it again.
+    """
 
     lease_id: str
     worker_id: str
     reason: str = ""
+    bad_sampling: bool = False
 
 
 # ---------------------------------------------------------------------------- trajectories

@@ -8,10 +8,11 @@ different major is refused.
 1.1: ``LeaseReturn`` (a rollout worker gives back a lease whose sampling failed).
 1.2: ``WorkerStatus.benched_s`` (a worker refused leases after its leases kept failing).
 1.3: ``Refusal.retry_after_s`` (how long the same request will be refused: a bench).
+1.4: ``LeaseReturn.bad_sampling`` (the model cannot honour the lease's sampling parameters).
 """
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 3
+PROTOCOL_MINOR = 4
 PROTOCOL_VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)
 
 

@@ -25,8 +25,19 @@ class JobResult:
     ok: bool
     value: Any = None  # lease: list of groups; apply: the version applied
     error: str = ""
+    error_type: type | None = None  # the failure's exception class (not the instance: frames)
     seconds: float = 0.0
     ref: Any = None  # lease: the Lease; apply: the assembled update
+
+    @property
+    def bad_sampling(self) -> bool:
+        """Whether the job failed on sampling parameters the model refuses (a configuration
+        error every worker would hit), not on this worker's circumstances."""
+        if self.error_type is None:
+            return False
+        from omnirl.models.base import SamplingParamsError  # torch is loaded: a job ran
+
+        return issubclass(self.error_type, SamplingParamsError)
 
 
 class SamplerThread:
@@ -76,6 +87,8 @@ class SamplerThread:
             except Exception as exc:  # reported to the loop, which decides; never fatal here
                 detail = traceback.format_exc(limit=8)
                 log.error("sampler job %s failed: %s\n%s", kind, exc, detail)
-                result = JobResult(kind, False, error=f"{type(exc).__name__}: {exc}", ref=ref)
+                result = JobResult(
+                    kind, False, error=f"{type(exc).__name__}: {exc}", error_type=type(exc), ref=ref
+                )
             result.seconds = time.perf_counter() - t0
             self.results.put(result)

@@ -415,11 +415,15 @@ class RolloutWorker:
             if not result.ok:
                 self.counters.leases_failed += 1
                 self._backoff_until = time.monotonic() + 1.0
-                # the trainer issues its groups again now, not at the lease's deadline
+                # the trainer issues its groups again now, not at the lease's deadline (or, for
+                # sampling parameters the model refuses, ends the run: no worker can sample it)
                 _send(
                     self._link.control,
                     LeaseReturn(
-                        lease_id=lease.lease_id, worker_id=self.worker_id, reason=result.error
+                        lease_id=lease.lease_id,
+                        worker_id=self.worker_id,
+                        reason=result.error,
+                        bad_sampling=result.bad_sampling,
                     ),
                 )
                 return None

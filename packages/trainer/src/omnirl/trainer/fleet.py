@@ -94,6 +94,9 @@ class FleetControl:
             # expired already (and reissued), or finished
             log.info("worker %s gave back lease %s, no longer open", msg.worker_id, msg.lease_id)
             return
+        if msg.bad_sampling:
+            self._stop_on_bad_sampling(msg)
+            return
         log.warning(
             "worker %s gave lease %s back unfinished (%s); its groups are issued again",
             msg.worker_id,
@@ -110,6 +113,22 @@ class FleetControl:
                 bench,
                 rec.failed_leases,
             )
+
+    def _stop_on_bad_sampling(self, msg: LeaseReturn) -> None:
+        """The model refused the run's sampling parameters: no worker can sample any lease,
+        so end the run (exit code 2, a configuration error) instead of issuing it again."""
+        if self._stop_requested:
+            return
+        log.error(
+            "worker %s: the model refuses this run's sampling parameters: %s. Every lease "
+            "would fail the same way; change the run's sampling settings (sampling.*) and "
+            "start again. Stopping.",
+            msg.worker_id,
+            msg.reason or "no reason given",
+        )
+        self._stop_reason = f"the model refuses the run's sampling parameters ({msg.reason})"
+        self.exit_code = 2
+        self.request_stop()
 
     def _readmit(self, worker_id: str, now: float) -> bool:
         """A worker declared lost that speaks again (a long stall, not a death): take it

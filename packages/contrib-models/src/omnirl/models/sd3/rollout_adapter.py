@@ -22,7 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from omnirl.models.base import DiffusionRolloutAdapter, WeightFormat, WeightLoadError, sample_seeds
+from omnirl.models.base import (
+    DiffusionRolloutAdapter,
+    SamplingParamsError,
+    WeightFormat,
+    WeightLoadError,
+    sample_seeds,
+)
 from omnirl.models.compile import CompileConfig, compile_module, repeated_blocks, step_begin
 from omnirl.models.device import synchronize
 from omnirl.models.float8 import (
@@ -58,7 +64,7 @@ from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, Sampl
 ARCHITECTURE = "StableDiffusion3Pipeline"
 
 
-class SamplingError(ValueError):
+class SamplingError(SamplingParamsError):
     """Sampling parameters the model cannot honour (size, sde type, empty group)."""
 
 
