@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import EXAMPLE, trainer_overrides
+from recording_setup import EXAMPLE, trainer_overrides
 
 # wall-clock metrics differ between runs by nature
 TIMING = ("_s", "time", "rate")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import EXAMPLE, GROUPS, trainer_overrides
+from recording_setup import EXAMPLE, GROUPS, trainer_overrides
 
 from omnirl.protocol.recording import RecordingReader
 
