@@ -114,8 +114,9 @@ def test_bad_sampling_params_raise_clear_errors(rollout):
         sample(rollout, prompts("cat"), params(height=30))
     with pytest.raises(SamplingError, match="sde_type"):
         sample(rollout, prompts("cat"), params(sde_type="ddim"))
-    with pytest.raises(SamplingError, match="duplicate group_id"):
+    with pytest.raises(ValueError, match="duplicate group_id") as raised:
         sample(rollout, prompts("cat", "cat"), params())
+    assert not isinstance(raised.value, SamplingError)  # a lease's content: issued again
     assert sample(rollout, [], params()) == []
 
 

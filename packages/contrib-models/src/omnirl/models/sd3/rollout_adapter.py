@@ -232,7 +232,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             )
         ids = [p.group_id for p in prompts]
         if len(set(ids)) != len(ids):
-            raise SamplingError(f"duplicate group_id in one lease: {ids}")
+            # the lease's content, not the run's parameters: a reissue (one group a lease) works
+            raise ValueError(f"duplicate group_id in one lease: {ids}")
         f = self.pipeline.vae_scale_factor
         return sampling.height // f, sampling.width // f
 
