@@ -111,14 +111,19 @@ def test_the_trainer_lost_clock_runs_while_down_or_unwelcomed(sockets):
     welcomed; connected and welcomed it reads None."""
     ctx = zmq.Context.instance()
     trainer = ctx.socket(zmq.ROUTER)
-    trainer.bind(A)
+    port = trainer.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
     poller = zmq.Poller()
-    link = TrainerLink(sockets, poller, address=A)
+    link = TrainerLink(sockets, poller, address=address)
     try:
         start = time.monotonic()
         link.open(wait_s=1, stopped=lambda: False)
         assert link.away(start + 3, welcomed=False) == pytest.approx(3, abs=0.5)  # no Welcome yet
         assert link.away(start + 3, welcomed=True) is None
+        # the connection is up (a message got through) before the trainer goes: a socket
+        # closed before the connect completes leaves no disconnect to see
+        link.control.send(b"hello")
+        assert trainer.poll(10_000) and trainer.recv_multipart()[-1] == b"hello"
         trainer.close(linger=0)
         assert _next_event(link, poller) == LINK_LOST
         dropped = time.monotonic()
@@ -127,7 +132,7 @@ def test_the_trainer_lost_clock_runs_while_down_or_unwelcomed(sockets):
         link.unwelcome()  # forgetting the Welcome meanwhile does not restart the clock
         assert link.away(dropped + 2, welcomed=False) == pytest.approx(away, abs=1e-6)
         trainer = ctx.socket(zmq.ROUTER)
-        trainer.bind(A)
+        trainer.bind(address)
         assert _next_event(link, poller) == LINK_BACK
         back = time.monotonic()
         assert link.away(back + 1, welcomed=False) == pytest.approx(1, abs=0.5)  # register again
