@@ -47,13 +47,15 @@ class Float8Stages:
             return False
         return True
 
-    def fp8_variant(self, name: str) -> None:
+    def fp8_variant(self, name: str, row: str | None = None) -> None:
         """The rollout with float8 block linear layers (``rollout --float8 ACTIVATION``,
         ``--float8-fast-accum``): speed, kernel split, parity against the bf16 compiled
-        trainer, and the same-work iteration. Rows are ``omnirl_rollout_<name>``,
-        ``profile_rollout_<name>``, ``omnirl_iteration_same_work_<name>``; a static variant
-        first calibrates on one eager call (``calibration_s``)."""
+        trainer, and the same-work iteration. Rows are ``omnirl_rollout_<row>``,
+        ``profile_rollout_<row>``, ``omnirl_iteration_same_work_<row>`` (``row``: ``name``
+        unless given); a static variant first calibrates on one eager call
+        (``calibration_s``)."""
         activation, fast = FP8_VARIANTS[name]
+        row = row or name
         layers = self.rollout.enable_float8(activation=activation, fast_accum=fast)
         calibration_s = None
         if self.rollout.float8_needs_calibration():
@@ -69,7 +71,7 @@ class Float8Stages:
         m = self.timed_step(step, groups)[0] if step is not None else {}
         what = f"float8 ({activation}{', fast accumulation' if fast else ''}) compiled rollout"
         self.report.add(
-            f"omnirl_rollout_{name}",
+            f"omnirl_rollout_{row}",
             s_per_image=steady / n,
             denoise_s_per_image=(steady - dec) / n,
             compile_s=first - steady,
@@ -84,10 +86,10 @@ class Float8Stages:
             parity_of=f"{what} vs compiled trainer in the model dtype" if m else None,
         )
         self.sync_weights()
-        self.report.add(f"profile_rollout_{name}", **profile_kernels(self.device, self.sample))
+        self.report.add(f"profile_rollout_{row}", **profile_kernels(self.device, self.sample))
         if hasattr(self, "step_kl"):  # the same-work iteration needs the KL step
             self.iterate(
-                f"omnirl_iteration_same_work_{name}",
+                f"omnirl_iteration_same_work_{row}",
                 self.step_kl,
                 None,
                 True,
@@ -98,32 +100,16 @@ class Float8Stages:
         """The fastest configuration measured so far, from a cold start and without the bf16
         compiles before it: the rollout with static float8 scales and fast accumulation, the
         trainer with the ``train_fp8_static_f8grad`` variant and the KL pass, both compiled.
-        Rows ``omnirl_rollout_fp8_best``, ``omnirl_train_fp8_best``, ``profile_train_fp8_best``
-        and ``omnirl_iteration_same_work_train_fp8_best`` (the iteration ``train_kl`` and the
+        Rows ``omnirl_rollout_fp8_best``, ``profile_rollout_fp8_best``,
+        ``omnirl_train_fp8_best``, ``profile_train_fp8_best`` and
+        ``omnirl_iteration_same_work_train_fp8_best`` (the iteration ``train_kl`` and the
         float8 stages measure, after three compiles fewer; the fourteenth session's raw rows
         name the profile ``profile_fp8_best``)."""
         if not hasattr(self, "rollout"):
             self.build_omnirl()
-        activation, fast = FP8_VARIANTS["fp8_static_fast"]
-        self.rollout.enable_float8(activation=activation, fast_accum=fast)
-        calibration_s = None
-        if self.rollout.float8_needs_calibration():
-            _, calibration_s = self.sample()  # eager, row-wise: gathers the input ranges
         mode = self.args.rollout_compile_mode or self.args.compile_mode
         self.rollout.compile(self.compile_config().replace(mode=mode))
-        _, first = self.sample()
-        runs = [self.sample() for _ in range(self.args.repeats)]
-        groups, steady = min(runs, key=lambda r: r[1])
-        n = self.setup.images
-        self.report.add(
-            "omnirl_rollout_fp8_best",
-            s_per_image=steady / n,
-            denoise_s_per_image=(steady - self.decode_time(groups)) / n,
-            compile_s=first - steady,
-            calibration_s=calibration_s,
-            images_per_call=n,
-            **phases_per_image(groups, n),
-        )
+        self.fp8_variant("fp8_static_fast", row="fp8_best")  # no trainer yet: no parity
         self.train.compile(self.compile_config(self.args.train_compile_scope))
         self.train_fp8_variant("train_fp8_static_f8grad", row="train_fp8_best")
 

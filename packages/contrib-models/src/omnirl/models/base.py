@@ -65,6 +65,8 @@ class DiffusionRolloutAdapter(abc.ABC):
     supports_full: ClassVar[bool] = False
     supports_cfg: ClassVar[bool] = False
     supports_lora_merge: ClassVar[bool] = False  # :meth:`merge_lora` (a forward-only rollout)
+    supports_decode_batch: ClassVar[bool] = False  # :meth:`set_decode_batch`
+    decode_batch: int = 0  # images per VAE call (0: a lease's images in one call)
     sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance_sde", "ode")
 
     @classmethod
@@ -138,12 +140,14 @@ class DiffusionRolloutAdapter(abc.ABC):
     def set_decode_batch(self, images: int) -> None:
         """Decode at most ``images`` images per VAE call (0: a lease's images in one call).
         The decoder's activations at full resolution are what peaks a rollout's memory; a
-        smaller batch lowers the peak and gives the same images. A family that decodes
-        nothing, or in one way only, raises ``NotImplementedError`` for a positive value."""
+        smaller batch lowers the peak and gives the same images. A family whose ``sample``
+        does not honour :attr:`decode_batch` (``supports_decode_batch`` false) raises
+        ``NotImplementedError`` for a positive value."""
         if images < 0:
             raise ValueError(f"decode batch must be >= 0 images, got {images}")
-        if images:
+        if images and not self.supports_decode_batch:
             raise NotImplementedError(f"{type(self).__name__} has no decode batch")
+        self.decode_batch = images
 
     def recalibrate_float8(self) -> int:
         """Have the next :meth:`sample` calibrate the static float8 scales again; returns how

@@ -292,9 +292,12 @@ class RolloutModel:
                 # the traceback's frames hold the lease's activations
                 traceback.clear_frames(err.__traceback__)
                 self.release_memory()
+                decode = getattr(type(self.adapter), "supports_decode_batch", False)
                 log.error(
-                    "the lease ran out of device memory: --decode-batch N (N images per VAE "
-                    "call) lowers the decode's peak, --capacity 1 the denoiser's"
+                    "the lease ran out of device memory: %s--capacity 1 lowers the denoiser's peak",
+                    "--decode-batch N (N images per VAE call) lowers the decode's peak, "
+                    if decode
+                    else "",
                 )
             raise
 

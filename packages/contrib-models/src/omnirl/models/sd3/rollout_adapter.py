@@ -81,6 +81,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
     supports_full = True
     supports_cfg = True
     supports_lora_merge = True
+    supports_decode_batch = True
 
     def __init__(
         self,
@@ -105,7 +106,6 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.compile_config: CompileConfig | None = None
         self.float8 = False
         self.float8_margin = DEFAULT_MARGIN
-        self.decode_batch = 0  # images per VAE call (set_decode_batch; 0: all at once)
         self.merged_lora: MergedLora | None = None
 
     def compile(self, config: CompileConfig) -> list[str]:
@@ -408,11 +408,6 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
     def _decode(self, latents: Tensor) -> Tensor:
         """VAE-decode float32 latents ``[B, C, h, w]`` to uint8 images ``[B, H, W, 3]``."""
         return vae_decode(self.pipeline.vae, latents)
-
-    def set_decode_batch(self, images: int) -> None:
-        if images < 0:
-            raise ValueError(f"decode batch must be >= 0 images, got {images}")
-        self.decode_batch = images
 
     def _decode_batched(self, latents: Tensor) -> Tensor:
         """:meth:`_decode` over at most ``decode_batch`` images a call (0: all in one)."""
