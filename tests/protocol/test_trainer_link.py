@@ -10,7 +10,14 @@ import zmq
 
 from omnirl.protocol.auth import SecurityConfig
 from omnirl.protocol.sockets import SocketFactory, SocketOptions
-from omnirl.protocol.trainer_link import LINK_BACK, LINK_LOST, TrainerLink, read_address_file
+from omnirl.protocol.trainer_link import (
+    LINK_BACK,
+    LINK_GONE,
+    LINK_LOST,
+    LINK_MOVED,
+    TrainerLink,
+    read_address_file,
+)
 
 A, B = "tcp://127.0.0.1:5991", "tcp://127.0.0.1:5992"
 pytestmark = pytest.mark.timeout(30)
@@ -140,3 +147,26 @@ def test_the_trainer_lost_clock_runs_while_down_or_unwelcomed(sockets):
     finally:
         link.close()
         trainer.close(linger=0)
+
+
+def test_check_says_when_to_exit_and_when_the_link_moved(sockets, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="omnirl.protocol.trainer_link")
+    path = tmp_path / "trainer.addr"
+    path.write_text(A + "\n")
+    link = TrainerLink(sockets, zmq.Poller(), address_file=path, reread_s=0.0)
+    try:
+        assert link.open(wait_s=1, stopped=lambda: False)
+        t0 = time.monotonic()
+        kw = dict(timeout_s=30.0, retry_s=5.0, name="w0")
+        assert link.check(t0 + 100, welcomed=True, **kw) is None  # connected and welcomed
+        assert link.check(t0 + 3, welcomed=False, **kw) is None  # within the retry interval
+        assert link.check(t0 + 6, welcomed=False, **kw) is None  # the file names the same one
+        path.write_text(B + "\n")
+        assert link.check(t0 + 7, welcomed=False, **kw) == LINK_MOVED
+        assert connected_to(link) == B and "w0: following the trainer to " + B in caplog.text
+        # the clock starts again at the move (t0 + 7): not gone 20 s later, gone 31 s later
+        assert link.check(t0 + 27, welcomed=False, **kw) is None
+        assert link.check(t0 + 38, welcomed=False, **kw) == LINK_GONE
+        assert "w0: trainer unreachable for 31 s, exiting" in caplog.text
+    finally:
+        link.close()

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 ADDRESS_FILE = "trainer.addr"  # in the run's output directory
 LINK_LOST = "lost"  # TrainerLink.read_monitor: the control connection dropped
 LINK_BACK = "back"  # ... and came back after a drop (register again)
+LINK_GONE = "gone"  # TrainerLink.check: unreachable past the timeout (the worker exits)
+LINK_MOVED = "moved"  # ... followed its address file elsewhere (register there)
 
 
 def read_address_file(path: str | Path) -> str:
@@ -152,19 +154,39 @@ class TrainerLink:
             return now - self._lost_since
         return None if welcomed else now - self._unwelcomed_since
 
-    def read_monitor(self) -> str | None:
+    def check(
+        self, now: float, *, welcomed: bool, timeout_s: float, retry_s: float, name: str
+    ) -> str | None:
+        """What the worker ``name`` must do about an unreachable trainer at ``now``:
+        :data:`LINK_GONE` past ``timeout_s`` (exit), :data:`LINK_MOVED` when, past
+        ``retry_s``, the address file named another trainer and the link moved there
+        (register again), else None. Both are logged."""
+        away = self.away(now, welcomed=welcomed)
+        if away is None:
+            return None
+        if away > timeout_s:
+            log.error("%s: trainer unreachable for %.0f s, exiting", name, away)
+            return LINK_GONE
+        if away > retry_s and self.follow(now):
+            log.info("%s: following the trainer to %s", name, self.address)
+            return LINK_MOVED
+        return None
+
+    def read_monitor(self, name: str = "worker") -> str | None:
         """Read one event off :attr:`monitor` (poll it first): :data:`LINK_LOST` when the
         connection dropped (the clock starts), :data:`LINK_BACK` when it is up again after a
         drop (the caller registers again: the clock goes on until a Welcome), None for the
-        first connect and anything else."""
+        first connect and anything else. Both are logged under the worker's ``name``."""
         event = recv_monitor_message(self.monitor)["event"]
         if event == zmq.EVENT_DISCONNECTED:
             if self._lost_since is None:
                 self._lost_since = time.monotonic()
+            log.warning("%s: lost the trainer's control socket", name)
             return LINK_LOST
         if event == zmq.EVENT_CONNECTED and self._lost_since is not None:
             self._lost_since = None
             self.unwelcome()
+            log.info("%s: trainer back, registering again", name)
             return LINK_BACK
         return None
 

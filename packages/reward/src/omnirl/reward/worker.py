@@ -39,7 +39,7 @@ from omnirl.protocol.sockets import (
     recv_ready,
     send_message,
 )
-from omnirl.protocol.trainer_link import LINK_BACK, LINK_LOST, TrainerLink
+from omnirl.protocol.trainer_link import LINK_BACK, LINK_GONE, LINK_MOVED, TrainerLink
 from omnirl.reward.scorers import UnknownScorer
 from omnirl.reward.scoring import (
     ScorerSpecError,
@@ -131,22 +131,22 @@ class RewardWorker:
                 if self._welcome is not None and now >= next_beat:
                     _send(control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
-                away = link.away(now, welcomed=self._welcome is not None)
-                if away is not None and away > cfg.trainer_timeout_s:
-                    log.error("%s: trainer unreachable for %.0f s, exiting", self.worker_id, away)
+                state = link.check(
+                    now,
+                    welcomed=self._welcome is not None,
+                    timeout_s=cfg.trainer_timeout_s,
+                    retry_s=cfg.hello_retry_s,
+                    name=self.worker_id,
+                )
+                if state == LINK_GONE:
                     return EXIT_TRAINER_LOST
-                if away is not None and away > cfg.hello_retry_s and link.follow(now):
-                    log.info("%s: following the trainer to %s", self.worker_id, link.address)
+                if state == LINK_MOVED:
                     self._unwelcome()  # register with it
                     hello_sent_at = -1e9
                     continue
                 for sock, _ in poller.poll(timeout=200):
                     if sock is monitor:
-                        event = link.read_monitor()
-                        if event == LINK_LOST:
-                            log.warning("%s: lost the trainer's control socket", self.worker_id)
-                        elif event == LINK_BACK:
-                            log.info("%s: trainer back, registering again", self.worker_id)
+                        if link.read_monitor(self.worker_id) == LINK_BACK:
                             self._unwelcome()
                             hello_sent_at = -1e9
                     elif sock is control:

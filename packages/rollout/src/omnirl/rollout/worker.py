@@ -47,7 +47,7 @@ from omnirl.protocol.messages import (
     Welcome,
 )
 from omnirl.protocol.sockets import SocketFactory, SocketOptions, recv_ready, send_message
-from omnirl.protocol.trainer_link import LINK_BACK, LINK_LOST, TrainerLink
+from omnirl.protocol.trainer_link import LINK_BACK, LINK_GONE, LINK_MOVED, TrainerLink
 from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY, RolloutModel
 from omnirl.rollout.reward_push import RewardPush
 from omnirl.rollout.sampler import JobResult, SamplerThread
@@ -160,22 +160,22 @@ class RolloutWorker:
                 if self._welcome is not None and now >= next_beat:
                     _send(self._link.control, self._heartbeat())
                     next_beat = now + self._welcome.heartbeat_interval_s
-                away = self._link.away(now, welcomed=self._welcome is not None)
-                if away is not None and away > cfg.trainer_timeout_s:
-                    log.error("%s: trainer unreachable for %.0f s, exiting", self.worker_id, away)
+                state = self._link.check(
+                    now,
+                    welcomed=self._welcome is not None,
+                    timeout_s=cfg.trainer_timeout_s,
+                    retry_s=cfg.retry_s,
+                    name=self.worker_id,
+                )
+                if state == LINK_GONE:
                     return EXIT_TRAINER_LOST
-                if away is not None and away > cfg.retry_s and self._link.follow(now):
-                    log.info("%s: following the trainer to %s", self.worker_id, self._link.address)
+                if state == LINK_MOVED:
                     self._unwelcome()  # register with it
                     hello_sent_at = -1e9
                     continue
                 for sock, _ in self._poller.poll(timeout=50):
                     if sock is self._link.monitor:
-                        event = self._link.read_monitor()
-                        if event == LINK_LOST:
-                            log.warning("%s: lost the trainer's control socket", self.worker_id)
-                        elif event == LINK_BACK:
-                            log.info("%s: trainer back, registering again", self.worker_id)
+                        if self._link.read_monitor(self.worker_id) == LINK_BACK:
                             self._unwelcome()
                             hello_sent_at = -1e9
                     elif sock is self._link.control:
