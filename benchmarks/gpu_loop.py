@@ -236,6 +236,7 @@ _LEASE = re.compile(r"lease \S+ done at version \d+ in ([0-9.]+) s")
 _BUILT = re.compile(r"built \S+ for \S+ on (\S+) \(")
 _APPLIED = re.compile(r"applied weights version=(\d+) format=(\w+) .* in ([0-9.]+) s")
 _GREW = re.compile(r"largest input grew up to ([0-9.]+)x")
+_PEAK = re.compile(r"device memory peak ([0-9.]+) GB allocated, ([0-9.]+) GB reserved")
 
 
 def summarize(args, out: Path, started: float) -> dict:
@@ -278,6 +279,10 @@ def summarize(args, out: Path, started: float) -> dict:
         summary["micro_batch_size"] = next(
             m["micro_batch_size"] for m in reversed(steps) if "micro_batch_size" in m
         )
+    for kind in ("allocated", "reserved"):  # the trainer's most in any step (not on a CPU)
+        peaks = [m[f"device_peak_{kind}_gb"] for m in steps if f"device_peak_{kind}_gb" in m]
+        if peaks:
+            summary[f"trainer_peak_{kind}_gb"] = max(peaks)
     if steps:
         summary["first_step_elapsed_s"] = round(steps[0]["elapsed_s"], 1)
         summary["reward_first_last"] = [steps[0]["reward_mean"], steps[-1]["reward_mean"]]
@@ -294,6 +299,10 @@ def summarize(args, out: Path, started: float) -> dict:
             summary["rollout_lease_s_median"] = round(statistics.median(tail), 3)
             summary["rollout_s_per_image"] = round(statistics.median(tail) / args.group_size, 4)
             summary["leases"] = len(leases)
+        peaks = [(float(a), float(r)) for a, r in _PEAK.findall(text)]
+        if peaks:  # the worker's most in any lease
+            summary["rollout_peak_allocated_gb"] = max(a for a, _ in peaks)
+            summary["rollout_peak_reserved_gb"] = max(r for _, r in peaks)
         if len(applied) > 1:
             summary["apply_s_median"] = round(statistics.median(s for _, _, s in applied[1:]), 4)
         if args.float8 == "static":

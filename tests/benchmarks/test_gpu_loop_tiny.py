@@ -108,3 +108,32 @@ def test_summarize_only_recomputes_a_run_cut_short_before_its_summary(tmp_path, 
     summary = json.loads((tmp_path / "gpu_loop.json").read_text())
     assert summary["images_per_s"] == 2.171 and summary["steady_steps"] == 19
     assert summary["micro_batch_fallbacks"] == 1 and summary["micro_batch_size"] == 8
+
+
+def test_summary_reports_the_trainer_and_worker_memory_peaks(tmp_path, benchmark_script):
+    """The most memory the trainer held in any step (its metrics) and the worker in any
+    lease (its log): what says whether a micro-batch fits beside the worker."""
+    metrics = RESULTS / "gpu_session12_2026-12-06" / "loop_micro16_fallback" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    steps = [i for i, line in enumerate(lines) if '"num_samples"' in line]
+    for i, (alloc, reserved) in zip(steps[:2], [(40.5, 44.0), (51.25, 56.5)], strict=True):
+        row = json.loads(lines[i])
+        row.update(device_peak_allocated_gb=alloc, device_peak_reserved_gb=reserved)
+        lines[i] = json.dumps(row)
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "logs" / "rollout-0.log").write_text(
+        "w: lease a done at version 0 in 9.10 s (device memory peak 12.40 GB allocated, "
+        "14.00 GB reserved)\n"
+        "w: lease b done at version 1 in 1.90 s (device memory peak 11.00 GB allocated, "
+        "15.50 GB reserved)\n"
+    )
+    gpu_loop = benchmark_script("gpu_loop")
+    assert gpu_loop.main(["--summarize-only", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    summary = json.loads((tmp_path / "gpu_loop.json").read_text())
+    assert summary["trainer_peak_allocated_gb"] == 51.25
+    assert summary["trainer_peak_reserved_gb"] == 56.5
+    assert summary["rollout_peak_allocated_gb"] == 12.4
+    assert summary["rollout_peak_reserved_gb"] == 15.5
+    assert summary["leases"] == 2

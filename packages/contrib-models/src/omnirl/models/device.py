@@ -49,6 +49,38 @@ def empty_cache(device: torch.device | str) -> None:
         torch.cuda.empty_cache()
 
 
+def _memory_stats_api(device: torch.device):
+    """The module with ``max_memory_reserved`` & co. for ``device`` (``None`` on a CPU)."""
+    if device.type == "cpu":
+        return None
+    memory = getattr(torch.accelerator, "memory", None)  # newer torch; else torch.cuda's
+    if memory is not None and hasattr(memory, "max_memory_reserved"):
+        return memory
+    return torch.cuda if device.type == "cuda" else None
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Start :func:`peak_memory_gb`'s count afresh on ``device`` (nothing on a CPU)."""
+    api = _memory_stats_api(torch.device(device))
+    if api is not None:
+        api.reset_peak_memory_stats(torch.device(device))
+
+
+def peak_memory_gb(device: torch.device | str) -> dict[str, float]:
+    """``{"allocated": GB, "reserved": GB}``: the most this process's tensors held on
+    ``device``, and the most its caching allocator held from the driver (what another
+    process on the same GPU cannot have), since the last :func:`reset_peak_memory`;
+    ``{}`` on a CPU."""
+    device = torch.device(device)
+    api = _memory_stats_api(device)
+    if api is None:
+        return {}
+    return {
+        "allocated": api.max_memory_allocated(device) / 1e9,
+        "reserved": api.max_memory_reserved(device) / 1e9,
+    }
+
+
 def release_memory(device: torch.device | str | None) -> None:
     """After failed work has dropped its references: collect what is left of it (cycles),
     then :func:`empty_cache` on ``device`` (``None``: collect only)."""

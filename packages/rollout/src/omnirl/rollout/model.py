@@ -135,6 +135,7 @@ class RolloutModel:
         self.version = -1
         self.float8_recalibrate_every = float8_recalibrate_every
         self._lora_updates_since_calibration = 0
+        self.peak_memory: dict[str, float] = {}  # the last lease's, GB (empty on a CPU)
 
     @classmethod
     def build(
@@ -278,15 +279,23 @@ class RolloutModel:
     def sample(self, lease: Lease, worker_id: str, version: int) -> list:
         """Sample every prompt group of ``lease`` at the held ``version``. After running out
         of device memory, what the failed lease held is freed and the allocator's cache handed
-        back before the error propagates (a trainer may share the GPU)."""
+        back before the error propagates (a trainer may share the GPU). :attr:`peak_memory`
+        holds the lease's device-memory peaks (:func:`omnirl.models.device.peak_memory_gb`)."""
+        from omnirl.models.device import peak_memory_gb, reset_peak_memory
+
+        device = getattr(self.adapter, "device", None)
+        if device is not None:
+            reset_peak_memory(device)
         try:
-            return self.adapter.sample(
+            groups = self.adapter.sample(
                 lease.prompts,
                 lease.sampling,
                 lease_id=lease.lease_id,
                 worker_id=worker_id,
                 policy_version=version,
             )
+            self.peak_memory = peak_memory_gb(device) if device is not None else {}
+            return groups
         except Exception as err:
             if type(err).__name__ == "OutOfMemoryError":  # torch's
                 # the traceback's frames hold the lease's activations

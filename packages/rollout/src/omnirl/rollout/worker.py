@@ -434,12 +434,17 @@ class RolloutWorker:
                 else:
                     self.counters.groups_dropped += 1
             self.counters.leases_done += 1
+            peak = self._model.peak_memory if self._model is not None else {}
             log.info(
-                "%s: lease %s done at version %d in %.2f s",
+                "%s: lease %s done at version %d in %.2f s%s",
                 self.worker_id,
                 lease.lease_id,
                 self._held_version,
                 result.seconds,
+                f" (device memory peak {peak['allocated']:.2f} GB allocated, "
+                f"{peak['reserved']:.2f} GB reserved)"
+                if peak
+                else "",
             )
         return None
 

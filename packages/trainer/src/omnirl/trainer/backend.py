@@ -211,9 +211,16 @@ class AdapterBackend:
         be rewound together, so the leader stops the run instead
         (:class:`~omnirl.trainer.replicas.LeaderBackend`). In one process a step that runs out
         of device memory is tried again at half the micro-batch
-        (:mod:`omnirl.trainer.memory_fallback`)."""
+        (:mod:`omnirl.trainer.memory_fallback`). The metrics carry the step's device-memory
+        peaks (``device_peak_allocated_gb``, ``device_peak_reserved_gb``; not on a CPU)."""
+        from omnirl.models.device import reset_peak_memory
+
+        reset_peak_memory(self.device)
         if self.dist_info is not None and self.dist_info.world_size > 1:
-            return self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
+            metrics = self.train_step.step(
+                groups, policy_version=policy_version, lr_scale=lr_scale
+            )
+            return self._with_memory_peaks(metrics)
         from omnirl.trainer.memory_fallback import step_with_memory_fallback
         from omnirl.trainer.step import TrainStepInputError
         from omnirl.trainer.step_snapshot import rewind
@@ -233,12 +240,19 @@ class AdapterBackend:
             )
             if snapshot is not None:
                 metrics["snapshot_s"] = snapshot_s  # its cost, beside the step's time_s
-            return metrics
+            return self._with_memory_peaks(metrics)
         except TrainStepInputError:
             raise  # refused before anything ran
         except Exception:
             rewind(self.train_step, snapshot, updates_before)
             raise
+
+    def _with_memory_peaks(self, metrics: dict[str, float]) -> dict[str, float]:
+        from omnirl.models.device import peak_memory_gb
+
+        for kind, gb in peak_memory_gb(self.device).items():  # nothing on a CPU
+            metrics[f"device_peak_{kind}_gb"] = round(gb, 3)
+        return metrics
 
     def release_memory(self) -> None:
         """After a failed step (the server has dropped its references): collect what is left
