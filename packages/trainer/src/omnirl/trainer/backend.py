@@ -217,9 +217,7 @@ class AdapterBackend:
 
         reset_peak_memory(self.device)
         if self.dist_info is not None and self.dist_info.world_size > 1:
-            metrics = self.train_step.step(
-                groups, policy_version=policy_version, lr_scale=lr_scale
-            )
+            metrics = self.train_step.step(groups, policy_version=policy_version, lr_scale=lr_scale)
             return self._with_memory_peaks(metrics)
         from omnirl.trainer.memory_fallback import step_with_memory_fallback
         from omnirl.trainer.step import TrainStepInputError
