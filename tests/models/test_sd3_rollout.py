@@ -7,7 +7,7 @@ import torch
 
 from omnirl.models.base import sample_seeds
 from omnirl.models.sd3 import SD3RolloutAdapter
-from omnirl.models.sd3.rollout_adapter import SamplingError
+from omnirl.models.sd3.sampling_rules import SamplingError
 from omnirl.protocol.messages import PromptSpec, SamplingParams
 
 STEPS = 5
@@ -118,6 +118,25 @@ def test_bad_sampling_params_raise_clear_errors(rollout):
         sample(rollout, prompts("cat", "cat"), params())
     assert not isinstance(raised.value, SamplingError)  # a lease's content: issued again
     assert sample(rollout, [], params()) == []
+
+
+def test_the_training_adapter_checks_the_rollouts_rules_before_any_lease(rollout, tiny_sd3_path):
+    """What the trainer checks at start refuses exactly what the rollout refuses, with the
+    same words; the size rule comes from the folder's VAE config (the trainer loads no VAE)."""
+    from omnirl.models.sd3 import SD3TrainingAdapter
+    from omnirl.models.sd3.sampling_rules import folder_vae_scale_factor
+
+    train = SD3TrainingAdapter.from_pretrained(tiny_sd3_path)
+    assert folder_vae_scale_factor(tiny_sd3_path) == rollout.pipeline.vae_scale_factor
+    for bad in (dict(height=30), dict(width=34), dict(height=0), dict(sde_type="ddim")):
+        with pytest.raises(SamplingError) as at_start:
+            train.check_sampling(params(**bad))
+        with pytest.raises(SamplingError) as at_lease:
+            sample(rollout, prompts("cat"), params(**bad))
+        assert str(at_start.value) == str(at_lease.value)
+    train.check_sampling(params())  # what the rollout samples passes
+    train.path = None  # a transformer built without a folder: no VAE factor to check against
+    train.check_sampling(params(height=30))
 
 
 def test_shared_initial_noise_runs_one_row_per_group_until_the_first_stochastic_step(rollout):

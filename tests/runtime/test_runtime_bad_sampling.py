@@ -2,9 +2,12 @@
 
 Real processes on loopback (``omnirl launch``: trainer, one rollout worker, one reward
 worker) with a height the tiny SD3 cannot sample (not a multiple of its VAE factor times its
-patch): the worker's first lease fails, it gives the lease back marked ``bad_sampling``, and
-the trainer stops at once with exit code 2 naming the problem. Before, every lease failed,
-the worker was benched again and again, and the run never ended.
+patch). The trainer checks the run's sampling parameters against the model's rules before it
+issues a lease (``DiffusionTrainingAdapter.check_sampling``) and stops with exit code 2
+naming the problem. (A worker that refuses a lease anyway gives it back marked
+``bad_sampling`` and the trainer stops the same way: ``tests/trainer/test_lease_return.py``.)
+Before either, every lease failed, the worker was benched again and again, and the run never
+ended.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ def test_a_size_the_model_refuses_ends_the_run_with_exit_code_2(tiny_sd3_path, t
     assert proc.returncode == 2, text[-3000:]
     assert "the model refuses this run's sampling parameters" in text
     assert "multiples of 4, got 34x32" in text and "change the run's sampling settings" in text
-    trainer_log = (out / "logs" / "trainer.log").read_text()
-    assert "leases_returned': 1" in trainer_log  # stopped at the first refusal, nothing benched
-    assert "workers_benched" not in trainer_log
-    assert elapsed < 150, elapsed
+    # refused before any lease: no worker sampled anything
+    assert "leases_issued" not in (out / "logs" / "trainer.log").read_text()
+    assert elapsed < 120, elapsed

@@ -84,7 +84,7 @@ def test_a_lease_refused_for_its_sampling_parameters_ends_the_run(null_server, n
 
 
 def test_a_sampler_job_says_whether_it_failed_on_refused_sampling_parameters():
-    from omnirl.models.sd3.rollout_adapter import SamplingError
+    from omnirl.models.sd3.sampling_rules import SamplingError
     from omnirl.rollout.sampler import JobResult
 
     assert JobResult("lease", False, error_type=SamplingError).bad_sampling

@@ -53,6 +53,19 @@ class SamplingParamsError(ValueError):
     A rollout adapter raises it (or a subclass) before it samples anything."""
 
 
+def check_common_sampling(
+    sampling: SamplingParams,
+    sde_types: tuple[str, ...],
+    error: type[SamplingParamsError] = SamplingParamsError,
+) -> None:
+    """The rules every family shares: a group of at least one sample, an SDE variant the
+    family has. Raises ``error`` naming the first one ``sampling`` breaks."""
+    if sampling.group_size < 1:
+        raise error(f"group_size must be >= 1, got {sampling.group_size}")
+    if sampling.sde_type not in sde_types:
+        raise error(f"unknown sde_type {sampling.sde_type!r}; known: {sde_types}")
+
+
 class WeightLoadError(ValueError):
     """A weight update does not fit the model (unknown name, wrong shape or dtype)."""
 
@@ -235,6 +248,13 @@ class DiffusionTrainingAdapter(abc.ABC):
 
         LoRA: the adapter disabled. Full: a frozen copy of the initial weights, made lazily.
         """
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Raise :class:`SamplingParamsError` for sampling parameters the model cannot
+        honour, as its rollout adapter would on the first lease: the trainer checks the run's
+        before it issues any. The base checks the group size and the SDE variant; a family
+        adds its own rules (SD3: the image size)."""
+        check_common_sampling(sampling, self.sde_types)
 
     def velocity(self, latents: Tensor, timesteps: Tensor, batch: Any) -> Tensor:
         """The policy's velocity float32 ``[B, C, H, W]`` at noisy ``latents`` ``[B, C, H, W]``

@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
     """Build the backend and server the arguments ask for, and run it to the end."""
+    from omnirl.models.base import SamplingParamsError
     from omnirl.trainer.backend import AdapterBackend
     from omnirl.trainer.config import ConfigError
     from omnirl.trainer.data import DataError
@@ -181,9 +182,17 @@ def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
                 cfg, backend, resume=args.resume, intake_tap=recorder, replay=args.replay
             )
         else:
+            _check_sampling(cfg, backend)
             server = TrainerServer(cfg, backend, resume=args.resume, intake_tap=recorder)
     except ConfigError as err:
         print(f"trainer: config error: {err}", file=sys.stderr)
+        return 2
+    except SamplingParamsError as err:
+        print(
+            f"trainer: the model refuses this run's sampling parameters: {err}; change the "
+            "run's sampling settings (sampling.*)",
+            file=sys.stderr,
+        )
         return 2
     except DataError as err:
         print(f"trainer: data error: {err}", file=sys.stderr)
@@ -213,6 +222,14 @@ def _serve(args: argparse.Namespace, cfg, log: logging.Logger) -> int:
         if dist_info is not None:
             backend.close()  # the follower ranks leave
     return code
+
+
+def _check_sampling(cfg, backend) -> None:
+    """The run's sampling parameters against the model's rules, before any lease: a size the
+    model cannot sample would otherwise fail every worker's first lease."""
+    from omnirl.trainer.algorithms.windows import lease_sampling_params
+
+    backend.adapter.check_sampling(lease_sampling_params(cfg, seed=cfg.run.seed, step=0))
 
 
 def _under_torchrun() -> bool:

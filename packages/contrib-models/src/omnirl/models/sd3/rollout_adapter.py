@@ -24,7 +24,6 @@ from torch import Tensor
 
 from omnirl.models.base import (
     DiffusionRolloutAdapter,
-    SamplingParamsError,
     WeightFormat,
     WeightLoadError,
     sample_seeds,
@@ -56,16 +55,13 @@ from omnirl.models.schedulers import (
 )
 from omnirl.models.sd3.encoder import default_max_sequence_length, encode_sd3_prompts, vae_decode
 from omnirl.models.sd3.lora import add_lora
+from omnirl.models.sd3.sampling_rules import check_sd3_sampling
 from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
 from omnirl.models.transitions import SharedInputs
 from omnirl.models.weights import apply_named_tensors, full_targets, lora_targets
 from omnirl.protocol.messages import DiffusionTrajectoryGroup, PromptSpec, SamplingParams
 
 ARCHITECTURE = "StableDiffusion3Pipeline"
-
-
-class SamplingError(SamplingParamsError):
-    """Sampling parameters the model cannot honour (size, sde type, empty group)."""
 
 
 @register_rollout_adapter(ARCHITECTURE)
@@ -220,16 +216,11 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
     # ----------------------------------------------------------------------------- sampling
 
     def _check(self, prompts: list[PromptSpec], sampling: SamplingParams) -> tuple[int, int]:
-        if sampling.group_size < 1:
-            raise SamplingError(f"group_size must be >= 1, got {sampling.group_size}")
-        if sampling.sde_type not in self.sde_types:
-            raise SamplingError(f"unknown sde_type {sampling.sde_type!r}; known: {self.sde_types}")
-        multiple = self.pipeline.vae_scale_factor * self.transformer.config.patch_size
-        if sampling.height % multiple or sampling.width % multiple or sampling.height <= 0:
-            raise SamplingError(
-                f"height and width must be positive multiples of {multiple}, "
-                f"got {sampling.height}x{sampling.width}"
-            )
+        check_sd3_sampling(
+            sampling,
+            sde_types=self.sde_types,
+            size_multiple=self.pipeline.vae_scale_factor * self.transformer.config.patch_size,
+        )
         ids = [p.group_id for p in prompts]
         if len(set(ids)) != len(ids):
             # the lease's content, not the run's parameters: a reissue (one group a lease) works

@@ -37,9 +37,11 @@ from omnirl.models.float8_static import (
 from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
 from omnirl.models.sd3.lora import add_lora
+from omnirl.models.sd3.sampling_rules import check_sd3_sampling, folder_vae_scale_factor
 from omnirl.models.sd3.step import SD3Conditioning, guided_velocity, sd3_step, set_schedule
 from omnirl.models.transitions import TransitionBatch, shared_inputs
 from omnirl.models.weights import full_state, lora_state, lora_targets
+from omnirl.protocol.messages import SamplingParams
 
 ARCHITECTURE = "StableDiffusion3Pipeline"
 
@@ -269,6 +271,19 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             cond,
             batch.guidance_scale,
             model_dtype=self.model_dtype,
+        )
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """The rollout's rules (:func:`~omnirl.models.sd3.sampling_rules.check_sd3_sampling`);
+        the size rule needs the VAE's scale factor, read from the model folder's config
+        (skipped for a transformer built without a folder)."""
+        vae_factor = folder_vae_scale_factor(self.path) if self.path is not None else None
+        check_sd3_sampling(
+            sampling,
+            sde_types=self.sde_types,
+            size_multiple=None
+            if vae_factor is None
+            else vae_factor * self.transformer.config.patch_size,
         )
 
     def sampling_sigmas(self, num_steps: int, latent_hw: tuple[int, int]) -> Tensor:
