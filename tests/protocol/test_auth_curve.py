@@ -166,8 +166,8 @@ def test_key_added_to_the_allow_list_is_admitted_without_restart(keys, monkeypat
 
 
 def test_key_removed_from_the_allow_list_is_denied_without_restart(keys):
-    """Revocation: the directory changed, so the next handshake reads it again (the
-    connection already up is not cut: CURVE authenticates at the handshake)."""
+    """Revocation: the directory changed, so the next handshake reads it again (a
+    connection already up is not cut by CURVE: the next test's per-message check)."""
     with server_factory(keys) as server_side:
         server = server_side.bind("intake", "tcp://127.0.0.1:*")
         with client_factory(keys, "allowed", "rollout-0") as before:
@@ -187,6 +187,46 @@ def test_key_removed_from_the_allow_list_is_denied_without_restart(keys):
             send_if_possible(push, heartbeat("after"))
             assert server.poll(NOTHING_MS) == 0, "a revoked key got a message through"
         assert server_side.authenticator.denied >= 1
+
+
+def test_a_connection_made_before_its_key_was_revoked_is_named_as_revoked(keys, monkeypatch):
+    """CURVE let the connection in at its handshake and keeps it up; each message still
+    carries the key it came with, so the binding side knows, message by message, that the
+    key is no longer allowed (and drops it: the trainer's and the reward worker's loops)."""
+    from omnirl.protocol.auth import AllowListAuthenticator
+    from omnirl.protocol.sockets import message_user_id
+
+    monkeypatch.setattr(AllowListAuthenticator, "RELOAD_INTERVAL_S", 0.0)
+    client_key = (keys / "allowed/rollout-0.key").read_text()
+    with (
+        server_factory(keys) as server_side,
+        client_factory(keys, "allowed", "rollout-0") as client_side,
+    ):
+        server = server_side.bind("control", "tcp://127.0.0.1:*")
+        dealer = client_side.connect("control", bound_endpoint(server))
+        send_message(dealer, heartbeat("before"))
+        assert server.poll(TIMEOUT_MS)
+        frames = recv_ready(server)
+        assert message_user_id(frames[-1]) in client_key  # the z85 key of its handshake
+        assert server_side.revoked_sender(frames) is None
+        shutil.move(keys / "allowed/rollout-0.key", keys / "rollout-0.key")  # revoked
+        send_message(dealer, heartbeat("after"))  # the same live connection
+        assert server.poll(TIMEOUT_MS), "the connection stays up at the transport level"
+        frames = recv_ready(server)
+        assert server_side.revoked_sender(frames) == message_user_id(frames[-1])
+        shutil.move(keys / "rollout-0.key", keys / "allowed/rollout-0.key")  # granted again
+        send_message(dealer, heartbeat("again"))
+        assert server.poll(TIMEOUT_MS)
+        assert server_side.revoked_sender(recv_ready(server)) is None
+
+
+def test_without_curve_no_sender_is_revoked():
+    with SocketFactory(options=OPTIONS) as sockets:
+        pull = sockets.bind("intake", "tcp://127.0.0.1:*")
+        push = sockets.connect("intake", bound_endpoint(pull))
+        send_message(push, heartbeat("clear"))
+        assert pull.poll(TIMEOUT_MS)
+        assert sockets.revoked_sender(recv_ready(pull)) is None
 
 
 def test_non_loopback_bind_without_keys_is_refused_and_insecure_allows_it():

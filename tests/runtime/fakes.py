@@ -87,7 +87,7 @@ class FakeTrainer:
             frames = recv_ready(sock)  # None: a CURVE heartbeat woke the poll
             if frames is None:
                 continue
-            identity = frames.pop(0).bytes if sock.socket_type == zmq.ROUTER else None
+            identity = frames.pop(0).bytes if sock.type == zmq.ROUTER else None
             msg = decode(frames, check_finite=False)
             if isinstance(msg, kind):
                 return identity, msg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -165,12 +166,11 @@ def test_reward_worker_process_loop_over_real_sockets(scorer_from, bind):
         trainer.close()
 
 
-@pytest.mark.timeout(60)
-def test_reward_worker_keeps_heartbeating_over_curve(tmp_path):
-    """Every socket CurveZMQ, as on a cluster. The ZMTP heartbeat (every 2 s) of the client
-    connected to the PULL wakes the worker's poll once with no message behind it; the
-    worker used to block in that receive and stop heartbeating until a group came (none
-    does while the trainer counts it lost). It must go on heartbeating, then score."""
+@contextlib.contextmanager
+def _curve_reward_worker(tmp_path, worker_id: str):
+    """A reward worker with every socket CurveZMQ, as on a cluster, welcomed by a fake
+    trainer: ``(trainer, worker, control identity, the rollout's PUSH to it, the keys dir,
+    the worker's exit codes)``."""
     keys = tmp_path / "keys"
     for name in ("trainer", "reward", "rollout"):
         generate_keypair(keys, name)
@@ -183,38 +183,71 @@ def test_reward_worker_keeps_heartbeating_over_curve(tmp_path):
         RewardWorkerConfig(
             trainer=trainer.address(trainer.control),
             scorers=parse_scorer_spec("jpeg_incompressibility"),
-            worker_id="reward-c",
+            worker_id=worker_id,
             security=security,
         )
     )
     rollout_side = SocketFactory(
         SecurityConfig(keys_dir=keys, name="rollout", server_key=keys / "reward.key"), options
     )
-    codes = []
+    codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(worker.run()), daemon=True)
     thread.start()
     try:
         identity, hello = trainer.recv(trainer.control, kind=Hello)
         trainer.welcome(identity, hello.worker_id)
         push = rollout_side.connect("reward", hello.address)
+        yield trainer, worker, identity, push, keys, codes
+        trainer.send(trainer.control, identity, Refusal(code="shutdown", reason="done"))
+        thread.join(10)
+    finally:
+        worker.stop()
+        thread.join(5)
+        rollout_side.close()
+        trainer.close()
+
+
+@pytest.mark.timeout(60)
+def test_reward_worker_keeps_heartbeating_over_curve(tmp_path):
+    """The ZMTP heartbeat (every 2 s) of the client connected to the PULL wakes the
+    worker's poll once with no message behind it; the worker used to block in that receive
+    and stop heartbeating until a group came (none does while the trainer counts it lost).
+    It must go on heartbeating, then score."""
+    with _curve_reward_worker(tmp_path, "reward-c") as (trainer, worker, _, push, _, codes):
         connected = time.monotonic()
         last_beat = 0.0
         while time.monotonic() - connected < 3.5:  # past the first ZMTP heartbeat
             trainer.recv(trainer.control, timeout_s=2.0, kind=Heartbeat)
             last_beat = time.monotonic()
         assert last_beat - connected > 3.0
-        group = make_group("e0:0")
-        push.send_multipart(encode(group), copy=False)
+        push.send_multipart(encode(make_group("e0:0")), copy=False)
         _, scored = trainer.recv(trainer.intake, kind=DiffusionTrajectoryGroup)
         assert scored.group_id == "e0:0" and worker.counters.scored == 1
-        trainer.send(trainer.control, identity, Refusal(code="shutdown", reason="done"))
-        thread.join(10)
-        assert codes == [0]
-    finally:
-        worker.stop()
-        thread.join(5)
-        rollout_side.close()
-        trainer.close()
+    assert codes == [0]
+
+
+@pytest.mark.timeout(60)
+def test_reward_worker_drops_groups_of_a_key_revoked_while_connected(tmp_path, caplog):
+    """The rollout's connection was let in before its key left the allow-list; CURVE keeps
+    it up, so the worker must refuse what still comes over it, and score again once the
+    key is back."""
+    with _curve_reward_worker(tmp_path, "reward-r") as (trainer, worker, _, push, keys, codes):
+        push.send_multipart(encode(make_group("e0:0")), copy=False)
+        trainer.recv(trainer.intake, kind=DiffusionTrajectoryGroup)
+        (keys / "rollout.key").rename(tmp_path / "rollout.key")  # revoked
+        time.sleep(1.1)  # the allow-list is looked at again at most once a second
+        push.send_multipart(encode(make_group("e0:1")), copy=False)
+        deadline = time.monotonic() + 5
+        while worker.counters.revoked == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.counters.revoked == 1 and worker.counters.scored == 1
+        assert "no longer in the allow-list" in caplog.text
+        (tmp_path / "rollout.key").rename(keys / "rollout.key")  # granted again
+        time.sleep(1.1)
+        push.send_multipart(encode(make_group("e0:2")), copy=False)
+        _, scored = trainer.recv(trainer.intake, kind=DiffusionTrajectoryGroup)
+        assert scored.group_id == "e0:2" and worker.counters.scored == 2
+    assert codes == [0]
 
 
 def _expected_sizes(group):

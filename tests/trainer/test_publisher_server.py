@@ -362,3 +362,45 @@ def test_a_non_finite_policy_stops_the_run_without_publishing_or_checkpointing_i
         server.request_stop()
         thread.join(10)
         ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_whose_key_is_revoked_while_connected_gets_nothing_more_through(tmp_path):
+    """Every socket CurveZMQ. The worker's connection was let in at its handshake and CURVE
+    keeps it up after its key leaves the allow-list; the trainer drops what still comes over
+    it (a Heartbeat, a LeaseRequest: no reply), counts and names it, and answers again once
+    the key is back. A worker silent to the trainer is declared lost and its leases reissued,
+    as a dead one's would be."""
+    from omnirl.protocol.auth import SecurityConfig, generate_keypair
+    from omnirl.protocol.sockets import SocketFactory, SocketOptions
+
+    keys = tmp_path / "keys"
+    for name in ("trainer", "rollout"):
+        generate_keypair(keys, name)
+    cfg = _config(tmp_path, f"runtime.keys_dir={keys}")
+    server, thread, result, address = _start(cfg, NullBackend())
+    client = SocketFactory(
+        SecurityConfig(keys_dir=keys, name="rollout", server_key=keys / "trainer.key"),
+        SocketOptions(linger_ms=0),
+    )
+
+    def ask(sock, msg, timeout_s=5.0):
+        sock.send_multipart(encode(msg), copy=False)
+        if not sock.poll(int(timeout_s * 1000)):
+            return None
+        return decode(sock.recv_multipart(copy=False))
+
+    try:
+        control = client.connect("control", address)
+        assert isinstance(ask(control, Hello(role="rollout", worker_id="r1")), Welcome)
+        (keys / "rollout.key").rename(tmp_path / "rollout.key")  # revoked
+        time.sleep(1.1)  # the allow-list is looked at again at most once a second
+        assert ask(control, LeaseRequest(worker_id="r1"), timeout_s=1.5) is None
+        assert server.counters["messages_revoked"] >= 1
+        (tmp_path / "rollout.key").rename(keys / "rollout.key")  # granted again
+        time.sleep(1.1)
+        assert isinstance(ask(control, LeaseRequest(worker_id="r1")), (Lease, Refusal))
+    finally:
+        server.request_stop()
+        thread.join(10)
+        client.close()

@@ -16,9 +16,13 @@ A client whose key is not in the allow-list never gets a message through: the
 :class:`AllowListAuthenticator` denies its handshake, logs a warning naming the key, and
 counts it. The allow-list directory is read again whenever its modification time changes
 (a key file added, removed or renamed) and, at most once a second, when an unknown key
-knocks, so keys are granted and revoked while a run goes on. A revoked key's connections
-that are already up stay up: CURVE authenticates a connection once, at its handshake;
-restart that peer (or the server) to cut it off.
+knocks, so keys are granted and revoked while a run goes on. CURVE authenticates a
+connection once, at its handshake, so a revoked key's connections that are already up stay
+up at the transport level; every message carries the key it came with (ZeroMQ's
+``User-Id``), and a binding process drops the messages of a key the allow-list no longer
+holds (:meth:`AllowListAuthenticator.still_allowed`,
+:meth:`omnirl.protocol.sockets.SocketFactory.revoked_sender`): a revoked worker is cut off
+within a second, and the trainer declares it lost as it would a dead one.
 """
 
 from __future__ import annotations
@@ -281,6 +285,7 @@ class AllowListAuthenticator(ThreadAuthenticator):
         self.denied = 0
         self._lock = threading.Lock()
         self._last_reload = 0.0
+        self._last_check = 0.0
         self._dir_stamp: int | None = None
 
     def start(self) -> None:
@@ -292,6 +297,18 @@ class AllowListAuthenticator(ThreadAuthenticator):
         self._last_reload = time.monotonic()
         self._dir_stamp = self._stamp()  # before the listing: a change during it shows later
         self.configure_curve(domain=ZAP_DOMAIN, location=str(self.allow_dir))
+
+    def still_allowed(self, user_id: str) -> bool:
+        """Whether the client key ``user_id`` (z85 text: what a message's ``User-Id`` holds
+        after this handler let its connection in) is in the allow-list as it is now. The
+        directory is read again when it changed (looked at most once a second), so a key
+        removed from it stops being allowed within a second."""
+        now = time.monotonic()
+        if now - self._last_check >= self.RELOAD_INTERVAL_S:
+            self._last_check = now
+            if self._stamp() != self._dir_stamp:
+                self.reload()
+        return user_id.encode("ascii") in self.certs.get(ZAP_DOMAIN, {})
 
     def _stamp(self) -> int | None:
         try:

@@ -195,6 +195,20 @@ class SocketFactory:
             raise zmq.ZMQError(e.errno, f"cannot connect {role} to {address}: {e.strerror}") from e
         return sock
 
+    def revoked_sender(self, frames: list[zmq.Frame]) -> str | None:
+        """The sender's key (z85) when the allow-list no longer holds it, else ``None``.
+
+        ``frames``: a message received with ``copy=False`` on one of this factory's binding
+        sockets. CURVE checks a key only at a connection's handshake; a binding process asks
+        this of each message and drops those of a revoked key, so a connection that was up
+        before the revocation gets nothing more through. ``None`` without CURVE."""
+        if self.authenticator is None or not frames:
+            return None
+        key = message_user_id(frames[-1])
+        if key is None or self.authenticator.still_allowed(key):
+            return None
+        return key
+
     def close(self) -> None:
         for sock in self._sockets:
             sock.close()  # honours LINGER
@@ -248,6 +262,15 @@ class SocketFactory:
                 raise SecurityConfigError("a z85 CURVE public key is 40 characters")
             return key
         return load_public_key(key)
+
+
+def message_user_id(frame: zmq.Frame) -> str | None:
+    """The ``User-Id`` ZeroMQ attached to a received frame (a CURVE client's z85 public key,
+    set by the ZAP handler at the handshake); ``None`` on a connection without one."""
+    try:
+        return frame.get("User-Id") or None
+    except (zmq.ZMQError, AttributeError):  # no ZAP on that connection; a copied frame
+        return None
 
 
 def socket_types(role: str) -> tuple[int, int]:

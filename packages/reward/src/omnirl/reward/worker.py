@@ -80,6 +80,7 @@ class RewardCounters:
     refused: int = 0  # sent on as a Refusal (scorer failure, no images, wrong kind)
     malformed: int = 0  # could not be decoded: dropped, logged
     dropped: int = 0  # scored, but the intake did not take it in send_timeout_s
+    revoked: int = 0  # from a CURVE key removed from the allow-list: dropped, logged
 
 
 class RewardWorker:
@@ -89,6 +90,7 @@ class RewardWorker:
         self.config = config
         self.worker_id = config.worker_id or f"reward-{uuid.uuid4().hex[:8]}"
         self.counters = RewardCounters()
+        self._revoked_keys: set[str] = set()
         self.address = ""  # the PULL's bound address, known once run() has started
         self._context = context
         self._stop = False
@@ -100,6 +102,25 @@ class RewardWorker:
         self._stop = True
 
     # ------------------------------------------------------------------------------ loop
+
+    def _drop_revoked(self, sockets: SocketFactory, batch: list[list]) -> list[list]:
+        """``batch`` without the groups of CURVE keys revoked since their connection was made
+        (counted; each key named once in the log)."""
+        kept = []
+        for frames in batch:
+            key = sockets.revoked_sender(frames)
+            if key is None:
+                kept.append(frames)
+                continue
+            self.counters.revoked += 1
+            if key not in self._revoked_keys:
+                log.warning(
+                    "%s: dropping groups from CURVE key %s: it is no longer in the allow-list",
+                    self.worker_id,
+                    key,
+                )
+            self._revoked_keys.add(key)
+        return kept
 
     def run(self) -> int:
         cfg = self.config
@@ -173,6 +194,9 @@ class RewardWorker:
                                 batch.append(pull.recv_multipart(zmq.NOBLOCK, copy=False))
                             except zmq.Again:
                                 break
+                        batch = self._drop_revoked(sockets, batch)
+                        if not batch:
+                            continue
                         if push is None:
                             self.counters.malformed += len(batch)
                             log.warning("%s: group before welcome, dropped", self.worker_id)
