@@ -378,7 +378,7 @@ def test_a_worker_whose_key_is_revoked_while_connected_gets_nothing_more_through
     for name in ("trainer", "rollout"):
         generate_keypair(keys, name)
     cfg = _config(tmp_path, f"runtime.keys_dir={keys}")
-    server, thread, result, address = _start(cfg, NullBackend())
+    server, thread, _, address = _start(cfg, NullBackend())
     client = SocketFactory(
         SecurityConfig(keys_dir=keys, name="rollout", server_key=keys / "trainer.key"),
         SocketOptions(linger_ms=0),
