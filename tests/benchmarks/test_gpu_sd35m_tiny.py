@@ -104,6 +104,10 @@ def test_tiny_run_reports_every_stage(tmp_path):
     assert 0 < static["parity_max"] < 0.1 and static["compile_s"] > 0  # calibrated, then timed
     assert rows["omnirl_train_fp8_ref"]["scope"] == "reference"
     assert rows["baseline"]["iteration_s_per_image"] > 0
+    for batch in ("all", "4", "1"):  # a lease's memory peak by decode batch (none on a CPU)
+        row = rows[f"decode_memory_{batch}"]
+        assert row["s_per_image"] > 0 and row["lease_peak_allocated_gb"] is None
+    assert rows["decode_memory_1"]["images_per_vae_call"] == 1
     assert rows["warm_start"]["process_to_first_group_s"] > 0
     md = (tmp_path / "gpu_sd35m.md").read_text()
     assert "| omnirl, kl_beta 0 (no reference pass) | 3 |" in md
