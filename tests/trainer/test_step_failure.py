@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from omnirl.trainer.server import MAX_STEP_FAILURES, TrainerServer
+from omnirl.trainer.server import TrainerServer
+from omnirl.trainer.step_cycle import MAX_STEP_FAILURES
 
 
 @dataclass
