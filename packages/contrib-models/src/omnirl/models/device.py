@@ -35,33 +35,30 @@ def synchronize(device: torch.device | str) -> None:
         torch.accelerator.synchronize(device)
 
 
-def empty_cache(device: torch.device | str) -> None:
-    """Return the caching allocator's free blocks on ``device`` to the driver, so that another
-    process on the same GPU (a rollout worker beside the trainer) can have them; nothing on a
-    CPU."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return
-    memory = getattr(torch.accelerator, "memory", None)  # newer torch; else torch.cuda's
-    if memory is not None and hasattr(memory, "empty_cache"):
-        memory.empty_cache()
-    elif device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _memory_stats_api(device: torch.device):
-    """The module with ``max_memory_reserved`` & co. for ``device`` (``None`` on a CPU)."""
+def _memory_api(device: torch.device, function: str):
+    """The module whose ``function`` (``empty_cache``, ``max_memory_reserved``, ...) serves
+    ``device``: ``torch.accelerator.memory`` in a torch that has it, else ``torch.cuda``;
+    ``None`` on a CPU."""
     if device.type == "cpu":
         return None
-    memory = getattr(torch.accelerator, "memory", None)  # newer torch; else torch.cuda's
-    if memory is not None and hasattr(memory, "max_memory_reserved"):
+    memory = getattr(torch.accelerator, "memory", None)
+    if memory is not None and hasattr(memory, function):
         return memory
     return torch.cuda if device.type == "cuda" else None
 
 
+def empty_cache(device: torch.device | str) -> None:
+    """Return the caching allocator's free blocks on ``device`` to the driver, so that another
+    process on the same GPU (a rollout worker beside the trainer) can have them; nothing on a
+    CPU."""
+    api = _memory_api(torch.device(device), "empty_cache")
+    if api is not None:
+        api.empty_cache()
+
+
 def reset_peak_memory(device: torch.device | str) -> None:
     """Start :func:`peak_memory_gb`'s count afresh on ``device`` (nothing on a CPU)."""
-    api = _memory_stats_api(torch.device(device))
+    api = _memory_api(torch.device(device), "reset_peak_memory_stats")
     if api is not None:
         api.reset_peak_memory_stats(torch.device(device))
 
@@ -72,7 +69,7 @@ def peak_memory_gb(device: torch.device | str) -> dict[str, float]:
     process on the same GPU cannot have), since the last :func:`reset_peak_memory`;
     ``{}`` on a CPU."""
     device = torch.device(device)
-    api = _memory_stats_api(device)
+    api = _memory_api(device, "max_memory_reserved")
     if api is None:
         return {}
     return {

@@ -40,6 +40,7 @@ Receive with :func:`recv_ready` (or ``zmq.NOBLOCK``), which returns ``None`` the
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ from omnirl.protocol.auth import (
 from omnirl.protocol.codec import DEFAULT_MAX_BYTES, decode, encode
 from omnirl.protocol.errors import ProtocolError
 from omnirl.protocol.messages import Message
+
+log = logging.getLogger(__name__)
 
 ROLES: dict[str, tuple[int, int]] = {
     "control": (zmq.ROUTER, zmq.DEALER),
@@ -149,6 +152,7 @@ class SocketFactory:
         self.authenticator: AllowListAuthenticator | None = None
         self._keys: KeyPair | None = None
         self._sockets: list[zmq.Socket] = []
+        self._revoked_seen: set[str] = set()  # revoked keys already named in the log
 
     # ----------------------------------------------------------------------------- sockets
 
@@ -201,12 +205,20 @@ class SocketFactory:
         ``frames``: a message received with ``copy=False`` on one of this factory's binding
         sockets. CURVE checks a key only at a connection's handshake; a binding process asks
         this of each message and drops those of a revoked key, so a connection that was up
-        before the revocation gets nothing more through. ``None`` without CURVE."""
+        before the revocation gets nothing more through. Each revoked key is named in the
+        log once. ``None`` without CURVE."""
         if self.authenticator is None or not frames:
             return None
         key = message_user_id(frames[-1])
         if key is None or self.authenticator.still_allowed(key):
             return None
+        if key not in self._revoked_seen:
+            self._revoked_seen.add(key)
+            log.warning(
+                "dropping messages from CURVE key %s: it is no longer in the allow-list "
+                "(its connection was made before the key was removed)",
+                key,
+            )
         return key
 
     def close(self) -> None:

@@ -115,7 +115,6 @@ class TrainerServer(FleetControl, StepCycle):
         self.step = 0
         self.buffer: list[Any] = []
         self.counters: dict[str, int] = {"control_rejected": 0, "weights_rejected": 0}
-        self._revoked_keys: set[str] = set()  # CURVE keys whose messages are dropped (logged)
         self._init_fleet(cfg)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
         self._future: Future | None = None
@@ -293,19 +292,11 @@ class TrainerServer(FleetControl, StepCycle):
 
     def _from_revoked_key(self, frames: list) -> bool:
         """Whether ``frames`` came from a CURVE key removed from the allow-list after its
-        connection was made: dropped, counted, the key named once in the log (the worker
-        falls silent to the trainer and is declared lost as a dead one would be)."""
-        key = self.sockets.revoked_sender(frames)
-        if key is None:
+        connection was made: dropped and counted (the worker falls silent to the trainer and
+        is declared lost as a dead one would be)."""
+        if self.sockets.revoked_sender(frames) is None:
             return False
         self.counters["messages_revoked"] = self.counters.get("messages_revoked", 0) + 1
-        if key not in self._revoked_keys:
-            self._revoked_keys.add(key)
-            log.warning(
-                "dropping messages from CURVE key %s: it is no longer in the allow-list "
-                "(its connection was made before the key was removed)",
-                key,
-            )
         return True
 
     def _reply(self, sock: zmq.Socket, peer: bytes, msg: Message) -> None:
