@@ -214,7 +214,7 @@ def launch(args, config: Path, out: Path) -> int:
             rollout += ["--float8-fast-accum"]
         if args.float8_recalibrate_every is not None:
             rollout += ["--float8-recalibrate-every", str(args.float8_recalibrate_every)]
-    if args.decode_batch:
+    if args.decode_batch is not None:
         rollout += ["--decode-batch", str(args.decode_batch)]
     cmd = [
         sys.executable,
@@ -361,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--decode-batch",
         type=int,
-        default=0,
-        help="the worker's --decode-batch (images per VAE call; 0: all in one)",
+        default=None,
+        help="the worker's --decode-batch (images per VAE call; 0: all in one; default: "
+        "the launcher's, a few a call for a worker on the trainer's GPU)",
     )
     p.add_argument("--prompts", default="examples/prompts/animals.jsonl")
     p.add_argument(

@@ -186,6 +186,21 @@ def test_rollout_workers_get_the_gpus_the_trainer_leaves_free():
         rollout_devices("cuda:x", 1, 1, 2)
 
 
+def test_workers_on_the_trainers_gpu_decode_in_small_batches_unless_told_otherwise():
+    from omnirl.tools.launch import SHARED_GPU_DECODE_BATCH, rollout_devices, shared_gpu_arguments
+
+    small = ["--decode-batch", str(SHARED_GPU_DECODE_BATCH)]
+    one_gpu = rollout_devices("cuda", 1, 1, 1)
+    assert shared_gpu_arguments(["--compile"], one_gpu, "cuda", 1) == ["--compile", *small]
+    assert shared_gpu_arguments([], ["cuda:1"], "cuda:1", 1) == small
+    assert shared_gpu_arguments([], ["cuda:0"], "cuda", 2) == small  # rank 0's GPU
+    given = ["--decode-batch=0"]  # the user's choice stands
+    assert shared_gpu_arguments(given, one_gpu, "cuda", 1) == given
+    own = rollout_devices("cuda:0", 2, 1, 3)  # GPUs of their own: nothing added
+    assert shared_gpu_arguments([], own, "cuda:0", 1) == []
+    assert shared_gpu_arguments([], ["cuda:2"], "cuda", 2) == []
+
+
 def test_rollout_workers_get_the_runs_dtype_and_compile_unless_told_otherwise():
     from omnirl.tools.launch import rollout_arguments
     from omnirl.trainer.config import load_config

@@ -12,7 +12,8 @@ numerics on both sides of the log-prob ratio) and compile when ``train.compile``
 unless ``--rollout-args`` names ``--dtype`` or ``--compile`` itself. On a GPU run
 (``run.device: cuda...``) each rollout worker gets a ``--device``: the visible GPUs the
 trainer's ranks leave free, round robin, or the trainer's own GPU when none is free
-(:func:`rollout_devices`).
+(:func:`rollout_devices`); workers on the trainer's GPU decode a few images per VAE call
+(:func:`shared_gpu_arguments`) unless the rollout arguments name ``--decode-batch``.
 
 Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
 (SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
@@ -118,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         except LaunchError as exc:
             print(f"omnirl launch: {exc}", file=sys.stderr)
             return 2
+        rollout_args = shared_gpu_arguments(
+            rollout_args, devices, cfg.run.device, args.trainer_procs
+        )
     launcher = Launcher(
         output_dir=output_dir,
         trainer_argv=trainer,
@@ -166,6 +170,28 @@ def rollout_devices(device: str, num_rollout: int, trainer_procs: int, gpus: int
         raise LaunchError(f"run.device is {device!r} but only {gpus} CUDA device(s) are visible")
     free = [g for g in range(gpus) if g not in taken] or [own]
     return [f"cuda:{free[i % len(free)]}" for i in range(num_rollout)]
+
+
+# Images per VAE call for workers that share the trainer's GPU: the decoder at full
+# resolution sets a lease's memory peak, and 4 a call took 13.4 GB off a 16-image lease's
+# (512x512) for 1.6 % of its time (docs/gpu_sessions.md, fifteenth session).
+SHARED_GPU_DECODE_BATCH = 4
+
+
+def shared_gpu_arguments(
+    argv: list[str], devices: list[str], device: str, trainer_procs: int
+) -> list[str]:
+    """``argv`` plus ``--decode-batch SHARED_GPU_DECODE_BATCH`` when the workers (on
+    ``devices``, from :func:`rollout_devices`) share a GPU with the trainer and ``argv``
+    names no decode batch: there the worker's peak is memory the trainer's step lacks."""
+    trainer = (
+        {f"cuda:{i}" for i in range(trainer_procs)}
+        if trainer_procs > 1
+        else {device if ":" in device else f"{device}:0"}
+    )
+    if _names(argv, "--decode-batch") or not trainer & set(devices):
+        return argv
+    return [*argv, "--decode-batch", str(SHARED_GPU_DECODE_BATCH)]
 
 
 def _names(argv: list[str], *options: str) -> bool:
