@@ -159,13 +159,7 @@ def rollout_devices(device: str, num_rollout: int, trainer_procs: int, gpus: int
     """
     if gpus < 1:
         raise LaunchError(f"run.device is {device!r} but no CUDA device is visible")
-    if trainer_procs > 1:
-        taken, own = set(range(trainer_procs)), 0
-    else:
-        index = device.split(":", 1)[1] if ":" in device else "0"
-        if not index.isdigit():
-            raise LaunchError(f"run.device {device!r} is not 'cuda' or 'cuda:N'")
-        own, taken = int(index), {int(index)}
+    own, taken = _trainer_gpus(device, trainer_procs)
     if own >= gpus:
         raise LaunchError(f"run.device is {device!r} but only {gpus} CUDA device(s) are visible")
     free = [g for g in range(gpus) if g not in taken] or [own]
@@ -184,14 +178,21 @@ def shared_gpu_arguments(
     """``argv`` plus ``--decode-batch SHARED_GPU_DECODE_BATCH`` when the workers (on
     ``devices``, from :func:`rollout_devices`) share a GPU with the trainer and ``argv``
     names no decode batch: there the worker's peak is memory the trainer's step lacks."""
-    trainer = (
-        {f"cuda:{i}" for i in range(trainer_procs)}
-        if trainer_procs > 1
-        else {device if ":" in device else f"{device}:0"}
-    )
+    trainer = {f"cuda:{i}" for i in _trainer_gpus(device, trainer_procs)[1]}
     if _names(argv, "--decode-batch") or not trainer & set(devices):
         return argv
     return [*argv, "--decode-batch", str(SHARED_GPU_DECODE_BATCH)]
+
+
+def _trainer_gpus(device: str, trainer_procs: int) -> tuple[int, set[int]]:
+    """``(rank 0's GPU, every GPU the trainer's ranks hold)``: ``device`` for one rank,
+    ``cuda:0`` to ``cuda:{trainer_procs - 1}`` under torchrun."""
+    if trainer_procs > 1:
+        return 0, set(range(trainer_procs))
+    index = device.split(":", 1)[1] if ":" in device else "0"
+    if not index.isdigit():
+        raise LaunchError(f"run.device {device!r} is not 'cuda' or 'cuda:N'")
+    return int(index), {int(index)}
 
 
 def _names(argv: list[str], *options: str) -> bool:
