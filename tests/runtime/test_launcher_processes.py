@@ -187,18 +187,24 @@ def test_rollout_workers_get_the_gpus_the_trainer_leaves_free():
 
 
 def test_workers_on_the_trainers_gpu_decode_in_small_batches_unless_told_otherwise():
-    from omnirl.tools.launch import SHARED_GPU_DECODE_BATCH, rollout_devices, shared_gpu_arguments
+    from omnirl.tools.launch import rollout_devices, shared_gpu_arguments
 
-    small = ["--decode-batch", str(SHARED_GPU_DECODE_BATCH)]
+    def args(argv, devices, device, procs, hw=(512, 512)):
+        return shared_gpu_arguments(argv, devices, device, procs, hw)
+
+    four = ["--decode-batch", "4"]  # four 512x512 images a VAE call
     one_gpu = rollout_devices("cuda", 1, 1, 1)
-    assert shared_gpu_arguments(["--compile"], one_gpu, "cuda", 1) == ["--compile", *small]
-    assert shared_gpu_arguments([], ["cuda:1"], "cuda:1", 1) == small
-    assert shared_gpu_arguments([], ["cuda:0"], "cuda", 2) == small  # rank 0's GPU
+    assert args(["--compile"], one_gpu, "cuda", 1) == ["--compile", *four]
+    assert args([], ["cuda:1"], "cuda:1", 1) == four
+    assert args([], ["cuda:0"], "cuda", 2) == four  # rank 0's GPU
+    assert args([], one_gpu, "cuda", 1, (1024, 1024)) == ["--decode-batch", "1"]
+    assert args([], one_gpu, "cuda", 1, (2048, 2048)) == ["--decode-batch", "1"]  # at least one
+    assert args([], one_gpu, "cuda", 1, (256, 256)) == ["--decode-batch", "16"]
     given = ["--decode-batch=0"]  # the user's choice stands
-    assert shared_gpu_arguments(given, one_gpu, "cuda", 1) == given
+    assert args(given, one_gpu, "cuda", 1) == given
     own = rollout_devices("cuda:0", 2, 1, 3)  # GPUs of their own: nothing added
-    assert shared_gpu_arguments([], own, "cuda:0", 1) == []
-    assert shared_gpu_arguments([], ["cuda:2"], "cuda", 2) == []
+    assert args([], own, "cuda:0", 1) == []
+    assert args([], ["cuda:2"], "cuda", 2) == []
 
 
 def test_rollout_workers_get_the_runs_dtype_and_compile_unless_told_otherwise():

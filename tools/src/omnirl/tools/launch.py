@@ -12,8 +12,9 @@ numerics on both sides of the log-prob ratio) and compile when ``train.compile``
 unless ``--rollout-args`` names ``--dtype`` or ``--compile`` itself. On a GPU run
 (``run.device: cuda...``) each rollout worker gets a ``--device``: the visible GPUs the
 trainer's ranks leave free, round robin, or the trainer's own GPU when none is free
-(:func:`rollout_devices`); workers on the trainer's GPU decode a few images per VAE call
-(:func:`shared_gpu_arguments`) unless the rollout arguments name ``--decode-batch``.
+(:func:`rollout_devices`); workers on the trainer's GPU decode a few images per VAE call,
+fewer the larger they are (:func:`shared_gpu_arguments`), unless the rollout arguments name
+``--decode-batch``.
 
 Each child runs in its own process group. Ctrl-C (or SIGTERM) stops the trainer first
 (SIGINT: it finishes cleanly and tells the workers to shut down), then the workers; a
@@ -120,7 +121,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"omnirl launch: {exc}", file=sys.stderr)
             return 2
         rollout_args = shared_gpu_arguments(
-            rollout_args, devices, cfg.run.device, args.trainer_procs
+            rollout_args,
+            devices,
+            cfg.run.device,
+            args.trainer_procs,
+            (cfg.sampling.height, cfg.sampling.width),
         )
     launcher = Launcher(
         output_dir=output_dir,
@@ -166,22 +171,25 @@ def rollout_devices(device: str, num_rollout: int, trainer_procs: int, gpus: int
     return [f"cuda:{free[i % len(free)]}" for i in range(num_rollout)]
 
 
-# Images per VAE call for workers that share the trainer's GPU: the decoder at full
-# resolution sets a lease's memory peak, and 4 a call took 13.4 GB off a 16-image lease's
-# (512x512) for 1.6 % of its time (docs/gpu_sessions.md, fifteenth session).
-SHARED_GPU_DECODE_BATCH = 4
+# Pixels per VAE call for workers that share the trainer's GPU: the decoder at full
+# resolution sets a lease's memory peak, and four 512x512 images a call took 13.4 GB off a
+# 16-image lease's for 1.6 % of its time (docs/gpu_sessions.md, fifteenth session). The
+# decoder's activations grow with the pixels, so larger images get fewer a call.
+SHARED_GPU_DECODE_PIXELS = 4 * 512 * 512
 
 
 def shared_gpu_arguments(
-    argv: list[str], devices: list[str], device: str, trainer_procs: int
+    argv: list[str], devices: list[str], device: str, trainer_procs: int, image_hw: tuple[int, int]
 ) -> list[str]:
-    """``argv`` plus ``--decode-batch SHARED_GPU_DECODE_BATCH`` when the workers (on
-    ``devices``, from :func:`rollout_devices`) share a GPU with the trainer and ``argv``
-    names no decode batch: there the worker's peak is memory the trainer's step lacks."""
+    """``argv`` plus a ``--decode-batch`` of ``SHARED_GPU_DECODE_PIXELS`` worth of images of
+    ``image_hw`` (at least one) when the workers (on ``devices``, from
+    :func:`rollout_devices`) share a GPU with the trainer and ``argv`` names no decode batch:
+    there the worker's peak is memory the trainer's step lacks."""
     trainer = {f"cuda:{i}" for i in _trainer_gpus(device, trainer_procs)[1]}
     if _names(argv, "--decode-batch") or not trainer & set(devices):
         return argv
-    return [*argv, "--decode-batch", str(SHARED_GPU_DECODE_BATCH)]
+    images = max(1, SHARED_GPU_DECODE_PIXELS // max(1, image_hw[0] * image_hw[1]))
+    return [*argv, "--decode-batch", str(images)]
 
 
 def _trainer_gpus(device: str, trainer_procs: int) -> tuple[int, set[int]]:
