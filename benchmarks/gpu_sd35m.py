@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sd35m_args import apply_inductor_settings, parse_args
 from gpu_sd35m_float8 import Float8Stages
+from gpu_sd35m_memory import MemoryStages
 from gpu_sd35m_profile import profile_kernels
 from gpu_sd35m_report import Report
 from gpu_sd35m_setup import (
@@ -85,7 +86,7 @@ STAGES: dict[str, tuple[float, str | None]] = {
 }
 
 
-class Bench(Float8Stages):
+class Bench(Float8Stages, MemoryStages):
     """The models and the measurements of one run; each ``stage_*`` adds rows to the report."""
 
     def __init__(self, args, report: Report):
@@ -385,34 +386,6 @@ class Bench(Float8Stages):
             s_per_sample_step=self.per_sample_step(groups, t),
         )
         self.sync_weights()
-
-    def stage_decode_memory(self) -> None:
-        """A lease's device-memory peak with all its images in one VAE call and with the
-        worker's ``--decode-batch`` 4 and 1: what a rollout worker beside the trainer needs
-        (rows ``decode_memory_all`` / ``_4`` / ``_1``; no peaks on a CPU)."""
-        from omnirl.models.device import peak_memory_gb, reset_peak_memory, synchronize
-
-        if not hasattr(self, "rollout"):
-            self.build_omnirl(trainer=False)
-        self.sample()  # warm (a compiled backend's first call compiles)
-        synchronize(self.device)
-        n = self.setup.images
-        for batch in (0, 4, 1):
-            self.rollout.set_decode_batch(batch)
-            self._free()
-            reset_peak_memory(self.device)
-            held = peak_memory_gb(self.device).get("allocated")  # the weights, the inputs
-            _, secs = self.sample()
-            peak = peak_memory_gb(self.device)
-            self.report.add(
-                f"decode_memory_{batch or 'all'}",
-                images_per_vae_call=batch or n,
-                s_per_image=secs / n,
-                held_gb=held,
-                lease_peak_allocated_gb=peak.get("allocated"),
-                lease_peak_reserved_gb=peak.get("reserved"),
-            )
-        self.rollout.set_decode_batch(0)
 
     def stage_warm_start(self) -> None:
         self.report.add("warm_start", **measure_warm_start(self.args, self.budget.left() - 5))

@@ -170,3 +170,47 @@ def test_check_says_when_to_exit_and_when_the_link_moved(sockets, tmp_path, capl
         assert "w0: trainer unreachable for 31 s, exiting" in caplog.text
     finally:
         link.close()
+
+
+def test_keep_registered_says_hello_until_welcomed_then_heartbeats(sockets):
+    """A real ROUTER hears the schedule: Hello at once and every retry_s while unwelcomed,
+    Heartbeats at the Welcome's interval after it, Hello at once again after unwelcome()."""
+    from omnirl.protocol.messages import Heartbeat, Hello, Topology, Welcome
+    from omnirl.protocol.sockets import bound_endpoint, recv_message
+
+    router = sockets.bind("control", "tcp://127.0.0.1:*")
+    link = TrainerLink(sockets, zmq.Poller(), address=bound_endpoint(router))
+    assert link.open(wait_s=0, stopped=lambda: False)
+    sent: list[str] = []
+
+    def tick(now, welcome=None):
+        link.keep_registered(
+            now,
+            welcome=welcome,
+            hello=lambda: Hello(role="rollout", worker_id="w"),
+            heartbeat=lambda: Heartbeat(worker_id="w", role="rollout"),
+            retry_s=2.0,
+        )
+
+    def heard() -> list[str]:
+        kinds = []
+        while router.poll(300):
+            kinds.append(type(recv_message(router).unwrap()).__name__)
+        return kinds
+
+    for now in (100.0, 101.0, 101.9, 102.0):  # Hello at once, then every 2 s
+        tick(now)
+    sent += heard()
+    assert sent == ["Hello", "Hello"]
+    where = Topology(control="c", intake="i", weights="w")
+    welcome = Welcome(
+        worker_id="w", run_id="r", topology=where, policy_version=0, heartbeat_interval_s=5.0
+    )
+    for now in (102.5, 103.0, 107.4, 107.5):  # a Heartbeat at once, then every 5 s
+        tick(now, welcome)
+    assert heard() == ["Heartbeat", "Heartbeat"]
+    link.unwelcome(108.0)  # register again: no waiting for retry_s
+    tick(108.0)
+    tick(109.0)
+    assert heard() == ["Hello"]
+    link.close()

@@ -336,6 +336,17 @@ def send_message(
     return send_frames(sock, frames, identity=identity, track=track, flags=flags)
 
 
+def send_nowait(sock: zmq.Socket, msg: Message) -> bool:
+    """Send ``msg`` without blocking; False (logged at debug) when the peer is not taking
+    messages (its queue is full while it is away): a worker drops, never stalls."""
+    try:
+        send_message(sock, msg, flags=zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        log.debug("%s not sent: the peer is not taking messages", type(msg).__name__)
+        return False
+
+
 @dataclass(slots=True)
 class Received:
     """One received multipart message: decoded, or refused with a typed error.

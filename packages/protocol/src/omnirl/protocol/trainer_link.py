@@ -20,7 +20,8 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from omnirl.protocol.sockets import SocketFactory
+from omnirl.protocol.messages import Message, Welcome
+from omnirl.protocol.sockets import SocketFactory, send_nowait
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class TrainerLink:
         self.monitor: zmq.Socket | None = None
         self._lost_since: float | None = None
         self._unwelcomed_since = time.monotonic()
+        self._hello_at = -1e9  # when the last Hello went out (-1e9: say it at once)
+        self._next_beat = 0.0
 
     @property
     def source(self) -> str:
@@ -143,8 +146,30 @@ class TrainerLink:
 
     def unwelcome(self, now: float | None = None) -> None:
         """The worker holds no Welcome from here on (it registers, or registers again): the
-        clock counts from ``now`` unless the connection is down already."""
+        clock counts from ``now`` unless the connection is down already, and the next
+        :meth:`keep_registered` says Hello at once."""
         self._unwelcomed_since = time.monotonic() if now is None else now
+        self._hello_at = -1e9
+
+    def keep_registered(
+        self,
+        now: float,
+        *,
+        welcome: Welcome | None,
+        hello: Callable[[], Message],
+        heartbeat: Callable[[], Message],
+        retry_s: float,
+    ) -> None:
+        """Without a ``welcome``, send ``hello()`` every ``retry_s``; with one,
+        ``heartbeat()`` every ``welcome.heartbeat_interval_s``. Never blocks: while the
+        trainer is away its queue fills and the message is dropped."""
+        if welcome is None:
+            if now - self._hello_at >= retry_s:
+                send_nowait(self.control, hello())
+                self._hello_at = now
+        elif now >= self._next_beat:
+            send_nowait(self.control, heartbeat())
+            self._next_beat = now + welcome.heartbeat_interval_s
 
     def away(self, now: float, *, welcomed: bool) -> float | None:
         """Seconds the trainer has been unreachable at ``now``: since the connection dropped,

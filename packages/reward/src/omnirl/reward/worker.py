@@ -37,7 +37,6 @@ from omnirl.protocol.sockets import (
     advertised_endpoint,
     bound_endpoint,
     recv_ready,
-    send_message,
 )
 from omnirl.protocol.trainer_link import LINK_BACK, LINK_GONE, LINK_MOVED, TrainerLink
 from omnirl.reward.scorers import UnknownScorer
@@ -124,8 +123,6 @@ class RewardWorker:
         )
         push: zmq.Socket | None = None
         push_address = ""
-        hello_sent_at = -1e9
-        next_beat = 0.0
         try:
             if not link.open(wait_s=cfg.trainer_timeout_s, stopped=lambda: self._stop):
                 return EXIT_OK if self._stop else EXIT_TRAINER_LOST
@@ -133,12 +130,13 @@ class RewardWorker:
             while not self._stop:
                 now = time.monotonic()
                 control, monitor = link.control, link.monitor
-                if self._welcome is None and now - hello_sent_at >= cfg.hello_retry_s:
-                    _send(control, self._hello())
-                    hello_sent_at = now
-                if self._welcome is not None and now >= next_beat:
-                    _send(control, self._heartbeat())
-                    next_beat = now + self._welcome.heartbeat_interval_s
+                link.keep_registered(
+                    now,
+                    welcome=self._welcome,
+                    hello=self._hello,
+                    heartbeat=self._heartbeat,
+                    retry_s=cfg.hello_retry_s,
+                )
                 state = link.check(
                     now,
                     welcomed=self._welcome is not None,
@@ -150,13 +148,11 @@ class RewardWorker:
                     return EXIT_TRAINER_LOST
                 if state == LINK_MOVED:
                     self._unwelcome()  # register with it
-                    hello_sent_at = -1e9
                     continue
                 for sock, _ in poller.poll(timeout=200):
                     if sock is monitor:
                         if link.read_monitor(self.worker_id) == LINK_BACK:
                             self._unwelcome()
-                            hello_sent_at = -1e9
                     elif sock is control:
                         frames = recv_ready(control)
                         if frames is None:  # a CURVE heartbeat woke the poll
@@ -335,13 +331,3 @@ class RewardWorker:
 def _preload_torch() -> None:
     """Import torch now: a first import inside the loop can stall heartbeats for many seconds."""
     import torch  # noqa: F401  (the reward package depends on torch)
-
-
-def _send(sock: zmq.Socket, msg) -> bool:
-    """Send without blocking: while the trainer is away its queue fills; drop, never stall."""
-    try:
-        send_message(sock, msg, flags=zmq.NOBLOCK)
-        return True
-    except zmq.Again:
-        log.debug("%s not sent: the peer is not taking messages", type(msg).__name__)
-        return False

@@ -46,7 +46,7 @@ from omnirl.protocol.messages import (
     WeightUpdate,
     Welcome,
 )
-from omnirl.protocol.sockets import SocketFactory, SocketOptions, recv_ready, send_message
+from omnirl.protocol.sockets import SocketFactory, SocketOptions, recv_ready, send_nowait
 from omnirl.protocol.trainer_link import LINK_BACK, LINK_GONE, LINK_MOVED, TrainerLink
 from omnirl.rollout.model import DEFAULT_FLOAT8_RECALIBRATE_EVERY, RolloutModel
 from omnirl.rollout.reward_push import RewardPush
@@ -140,8 +140,6 @@ class RolloutWorker:
         self._link = TrainerLink(
             self._sockets, self._poller, address=cfg.trainer, address_file=cfg.trainer_file or None
         )
-        hello_sent_at = -1e9
-        next_beat = 0.0
         try:
             if not self._link.open(wait_s=cfg.trainer_timeout_s, stopped=lambda: self._stop):
                 return EXIT_OK if self._stop else EXIT_TRAINER_LOST
@@ -154,12 +152,13 @@ class RolloutWorker:
             )
             while not self._stop:
                 now = time.monotonic()
-                if self._welcome is None and now - hello_sent_at >= cfg.retry_s:
-                    _send(self._link.control, self._hello())
-                    hello_sent_at = now
-                if self._welcome is not None and now >= next_beat:
-                    _send(self._link.control, self._heartbeat())
-                    next_beat = now + self._welcome.heartbeat_interval_s
+                self._link.keep_registered(
+                    now,
+                    welcome=self._welcome,
+                    hello=self._hello,
+                    heartbeat=self._heartbeat,
+                    retry_s=cfg.retry_s,
+                )
                 state = self._link.check(
                     now,
                     welcomed=self._welcome is not None,
@@ -171,13 +170,11 @@ class RolloutWorker:
                     return EXIT_TRAINER_LOST
                 if state == LINK_MOVED:
                     self._unwelcome()  # register with it
-                    hello_sent_at = -1e9
                     continue
                 for sock, _ in self._poller.poll(timeout=50):
                     if sock is self._link.monitor:
                         if self._link.read_monitor(self.worker_id) == LINK_BACK:
                             self._unwelcome()
-                            hello_sent_at = -1e9
                     elif sock is self._link.control:
                         frames = recv_ready(self._link.control)  # None: a CURVE heartbeat woke it
                         code = None if frames is None else self._on_control(frames)
@@ -269,7 +266,7 @@ class RolloutWorker:
             return
         if now < self._backoff_until:
             return
-        _send(
+        send_nowait(
             self._link.control,
             LeaseRequest(worker_id=self.worker_id, capacity=self.config.capacity),
         )
@@ -278,7 +275,7 @@ class RolloutWorker:
     def _request_weights(self, now: float) -> None:
         if self._weights is not None and now - self._weights_requested_at >= self.config.retry_s:
             have = self._held_version
-            _send(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
+            send_nowait(self._weights, WeightRequest(worker_id=self.worker_id, have_version=have))
             self._weights_requested_at = now
 
     # -------------------------------------------------------------------------- messages
@@ -417,7 +414,7 @@ class RolloutWorker:
                 self._backoff_until = time.monotonic() + 1.0
                 # the trainer issues its groups again now, not at the lease's deadline (or, for
                 # sampling parameters the model refuses, ends the run: no worker can sample it)
-                _send(
+                send_nowait(
                     self._link.control,
                     LeaseReturn(
                         lease_id=lease.lease_id,
@@ -484,13 +481,3 @@ class RolloutWorker:
                 "last_sample_s": self._last_sample_s,
             },
         )
-
-
-def _send(sock: zmq.Socket, msg) -> bool:
-    """Send without blocking: while the trainer is away its queue fills; drop, never stall."""
-    try:
-        send_message(sock, msg, flags=zmq.NOBLOCK)
-        return True
-    except zmq.Again:
-        log.debug("%s not sent: the peer is not taking messages", type(msg).__name__)
-        return False
