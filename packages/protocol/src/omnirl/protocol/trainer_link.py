@@ -197,6 +197,27 @@ class TrainerLink:
             return LINK_MOVED
         return None
 
+    def tend(
+        self,
+        now: float,
+        *,
+        welcome: Welcome | None,
+        hello: Callable[[], Message],
+        heartbeat: Callable[[], Message],
+        retry_s: float,
+        timeout_s: float,
+        name: str,
+    ) -> str | None:
+        """One turn of a worker's loop on the link: :meth:`keep_registered`, then
+        :meth:`check` (its answer: exit, register with the trainer the link moved to, or
+        None)."""
+        self.keep_registered(
+            now, welcome=welcome, hello=hello, heartbeat=heartbeat, retry_s=retry_s
+        )
+        return self.check(
+            now, welcomed=welcome is not None, timeout_s=timeout_s, retry_s=retry_s, name=name
+        )
+
     def read_monitor(self, name: str = "worker") -> str | None:
         """Read one event off :attr:`monitor` (poll it first): :data:`LINK_LOST` when the
         connection dropped (the clock starts), :data:`LINK_BACK` when it is up again after a

@@ -130,18 +130,13 @@ class RewardWorker:
             while not self._stop:
                 now = time.monotonic()
                 control, monitor = link.control, link.monitor
-                link.keep_registered(
+                state = link.tend(
                     now,
                     welcome=self._welcome,
                     hello=self._hello,
                     heartbeat=self._heartbeat,
                     retry_s=cfg.hello_retry_s,
-                )
-                state = link.check(
-                    now,
-                    welcomed=self._welcome is not None,
                     timeout_s=cfg.trainer_timeout_s,
-                    retry_s=cfg.hello_retry_s,
                     name=self.worker_id,
                 )
                 if state == LINK_GONE:

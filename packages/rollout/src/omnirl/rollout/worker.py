@@ -152,18 +152,13 @@ class RolloutWorker:
             )
             while not self._stop:
                 now = time.monotonic()
-                self._link.keep_registered(
+                state = self._link.tend(
                     now,
                     welcome=self._welcome,
                     hello=self._hello,
                     heartbeat=self._heartbeat,
                     retry_s=cfg.retry_s,
-                )
-                state = self._link.check(
-                    now,
-                    welcomed=self._welcome is not None,
                     timeout_s=cfg.trainer_timeout_s,
-                    retry_s=cfg.retry_s,
                     name=self.worker_id,
                 )
                 if state == LINK_GONE:
