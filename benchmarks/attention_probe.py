@@ -10,7 +10,10 @@ a micro-batch of 16 with CFG (32 rows, 24 heads, 1024 image + 333 text tokens, h
 - FlashAttention-2 (torch's built-in), forward and forward + backward;
 - FlexAttention (Triton, compiled) in bf16, forward and forward + backward;
 - FlexAttention in float8 (e4m3 q / k / v with per-tensor scales; forward only: the
-  rollout's and the KL reference pass's attention have no backward).
+  rollout's and the KL reference pass's attention have no backward);
+- cuDNN's float8 forward (``cudnn_fp8_attention.py``; needs the ``nvidia-cudnn-frontend``
+  wheel), the kernel alone and with quantising its inputs. Hopper has no float8 backward at
+  head dim 64 (``python benchmarks/cudnn_fp8_attention.py`` prints cuDNN's verdicts).
 
 Each variant's time is a ratio against the baseline measured in the same run, and its error
 the mean and max |difference| from a float32 attention on the same inputs, beside the
@@ -92,6 +95,35 @@ def flex_float8_attention(flex):
         return out.to(torch.bfloat16) * v_scale
 
     return attend
+
+
+def _cudnn_fp8_row(name, quantizing, q, k, v, device, seconds, baseline, error) -> dict:
+    """cuDNN's float8 forward (``benchmarks/cudnn_fp8_attention.py``; Hopper runs it with an
+    e4m3 output and has no float8 backward at head dim 64): the kernel alone on inputs
+    already in e4m3, or with quantising q, k, v and dequantising the output (eager)."""
+    row: dict = {"stage": name}
+    try:
+        if device.type != "cuda":
+            raise RuntimeError("cuDNN's float8 attention needs a CUDA GPU")
+        from cudnn_fp8_attention import CudnnFp8Forward, quantize_e4m3
+
+        attend = CudnnFp8Forward(tuple(q.shape), tuple(q.stride()), device)
+        with torch.no_grad():
+            row.update(error(attend(q, k, v)))
+            if quantizing:
+                seconds_per = _time(lambda: attend(q, k, v), device, seconds)
+            else:
+                inputs = [t for x in (q, k, v) for t in quantize_e4m3(x)]
+                q8, dq, k8, dk, v8, dv = inputs
+                seconds_per = _time(
+                    lambda: attend.quantized(q8, k8, v8, dq, dk, dv), device, seconds
+                )
+        flops = 4.0 * q.shape[0] * q.shape[1] * q.shape[2] ** 2 * q.shape[3]
+        row.update(ms=round(seconds_per * 1e3, 4), tflops=round(flops / seconds_per / 1e12, 1))
+        row["speed_vs_cudnn_bf16"] = round(baseline["fwd"] / seconds_per, 3)
+    except Exception as err:
+        row["error"] = f"{type(err).__name__}: {err}"[:400]
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         row["error"] = f"{type(err).__name__}: {err}"[:400]
     record(row)
 
+    for name, quantizing in (("cudnn_fp8_fwd", False), ("cudnn_fp8_fwd_quantizing", True)):
+        record(_cudnn_fp8_row(name, quantizing, q, k, v, device, args.seconds, baseline, error))
+
     (args.out / "attention_probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = [
         "| variant | ms / call | TFLOP/s | vs cuDNN bf16 | abs err mean | abs err max |",
@@ -205,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     (args.out / "attention_probe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
-    return 0 if all("error" not in r for r in rows if r["stage"].startswith("cudnn")) else 1
+    return 0 if all("error" not in r for r in rows if r["stage"].startswith("cudnn_bf16")) else 1
 
 
 if __name__ == "__main__":

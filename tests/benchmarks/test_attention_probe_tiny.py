@@ -18,5 +18,7 @@ def test_tiny_probe_times_every_variant_against_the_baseline(tmp_path, benchmark
         assert rows[stage]["abs_err_max"] < 0.05, rows[stage]  # bf16 against float32
     assert "speed_vs_cudnn_bf16" in rows["flash_bf16_fwd_bwd"]
     assert "needs a GPU" in rows["flex_float8_fwd"]["error"]  # said, not skipped silently
+    for stage in ("cudnn_fp8_fwd", "cudnn_fp8_fwd_quantizing"):
+        assert "needs a CUDA GPU" in rows[stage]["error"]
     table = (tmp_path / "attention_probe.md").read_text()
     assert "| flex_float8_fwd | failed:" in table
