@@ -166,7 +166,7 @@ train:
   compile: {compile_train}
   compile_cache: {cache if args.compile else "null"}
   attention: {args.attention}
-{_train_float8(args)}runtime:
+{_activation_budget(args)}{_train_float8(args)}runtime:
   control_port: 0
   lease_timeout_s: 900
   heartbeat_timeout_s: 300
@@ -181,6 +181,13 @@ max_minutes: {args.minutes}
     path = out / "gpu_loop.yaml"
     path.write_text(lines)
     return path
+
+
+def _activation_budget(args) -> str:
+    """``train.activation_memory_budget`` (indented under ``train:``), or nothing."""
+    if args.activation_memory_budget is None:
+        return ""
+    return f"  activation_memory_budget: {args.activation_memory_budget}\n"
 
 
 def _train_float8(args) -> str:
@@ -317,7 +324,8 @@ def summarize(args, out: Path, started: float) -> dict:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the preset and dtype it implies."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/gpu_loop"))
     p.add_argument("--model-dir", type=Path, default=None, help="default: <out>/model")
@@ -335,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="default", help="SDPA kernel, trainer and rollout")
     p.add_argument("--micro", type=int, default=0, help="training micro-batch (samples)")
     p.add_argument("--rollout-compile-mode", default=None)
+    p.add_argument(
+        "--activation-memory-budget",
+        type=float,
+        default=None,
+        help="train.activation_memory_budget: the share of a compiled block's activations "
+        "the trainer keeps for the backward (the rest recomputed)",
+    )
     p.add_argument(
         "--float8",
         nargs="?",
@@ -374,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.preset = "tiny" if args.tiny else "sd35m"
     args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     started = time.time()
     out = args.out.resolve()
     if args.summarize_only:

@@ -137,3 +137,24 @@ def test_summary_reports_the_trainer_and_worker_memory_peaks(tmp_path, benchmark
     assert summary["rollout_peak_allocated_gb"] == 12.4
     assert summary["rollout_peak_reserved_gb"] == 15.5
     assert summary["leases"] == 2
+
+
+def test_activation_memory_budget_reaches_the_trainer_config(tmp_path, benchmark_script):
+    """``--activation-memory-budget`` is the run's ``train.activation_memory_budget``, a key
+    the trainer accepts (with its compile on)."""
+    from omnirl.trainer.config import load_config
+
+    gpu_loop = benchmark_script("gpu_loop")
+    argv = [
+        "--tiny",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--activation-memory-budget",
+        "0.6",
+    ]
+    config = gpu_loop.write_config(gpu_loop.parse_args(argv), tmp_path / "model", tmp_path)
+    assert load_config(config).train.activation_memory_budget == 0.6
+    unset = gpu_loop.write_config(gpu_loop.parse_args(argv[:-2]), tmp_path / "model", tmp_path)
+    assert load_config(unset).train.activation_memory_budget is None

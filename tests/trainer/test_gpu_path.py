@@ -187,6 +187,13 @@ def test_compile_scope_is_validated_and_listed_alike_by_trainer_and_rollout():
         load_config(None, [*base, "train.compile_scope=layers"])
     with pytest.raises(ConfigError, match=r"cannot run under train\.parallel=fsdp"):
         load_config(None, [*base, "train.compile_scope=whole", "train.parallel=fsdp"])
+    # a compiled trainer's activation memory budget: in (0, 1], and only with compile
+    budget = ["train.compile=true", "train.activation_memory_budget=0.5"]
+    assert load_config(None, [*base, *budget]).train.activation_memory_budget == 0.5
+    with pytest.raises(ConfigError, match=r"train\.activation_memory_budget.*needs train\.compile"):
+        load_config(None, [*base, "train.activation_memory_budget=0.5"])
+    with pytest.raises(ConfigError, match=r"train\.activation_memory_budget.*\(0, 1\], not 0\.0"):
+        load_config(None, [*base, "train.compile=true", "train.activation_memory_budget=0"])
     # float8 training: LoRA runs only (no weight gradients through a float8 forward)
     assert load_config(None, [*base, "train.float8=true"]).train.float8 is True
     with pytest.raises(ConfigError, match=r"train\.float8.*needs model\.lora"):

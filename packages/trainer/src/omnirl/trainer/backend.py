@@ -151,6 +151,7 @@ class AdapterBackend:
                     mode=cfg.train.compile_mode,
                     cache_dir=cfg.train.compile_cache,
                     regional=regional_scope(cfg.train.compile_scope),
+                    activation_memory_budget=cfg.train.activation_memory_budget,
                 )
             )
         self.weight_format = self.adapter.weight_format

@@ -156,6 +156,10 @@ class TrainConfig:
     # compile; fuses across blocks). Not with FSDP (its hooks run around each block)
     compile_scope: str = "blocks"
     compile_cache: str | None = None  # persistent compile cache directory
+    # with compile: the fraction (0, 1] of a block's activations its backward may keep
+    # saved; the rest is recomputed, cheapest first (omnirl.models.compile.CompileConfig).
+    # null: torch's default. Between no recomputation and gradient_checkpointing
+    activation_memory_budget: float | None = None
     # the blocks' frozen linear layers as float8 matmuls (LoRA runs, Hopper GPUs;
     # omnirl.models.float8, "Training"): activation scales "rowwise" or "static" (calibrated
     # on the step's first micro-batches, again every float8_recalibrate_every updates), the
@@ -332,6 +336,17 @@ def _validate(cfg: DictConfig) -> None:
             f"key 'train.compile_scope': unknown compile scope {cfg.train.compile_scope!r}; "
             f"known: {list(COMPILE_SCOPES)}"
         )
+    budget = cfg.train.activation_memory_budget
+    if budget is not None:
+        if not cfg.train.compile:
+            raise ConfigError(
+                "key 'train.activation_memory_budget': needs train.compile=true (the "
+                "compiler decides what to recompute)"
+            )
+        if not 0 < budget <= 1:
+            raise ConfigError(
+                f"key 'train.activation_memory_budget': must be in (0, 1], not {budget}"
+            )
     if cfg.train.float8 and cfg.model.lora is None:
         raise ConfigError(
             "key 'train.float8': float8 training needs model.lora (a full fine-tune trains "
