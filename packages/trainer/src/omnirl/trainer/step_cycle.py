@@ -88,9 +88,10 @@ class StepCycle:
         traceback.clear_frames(err.__traceback__)
         if type(err).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
             log.error(
-                "the step ran out of device memory: lower algorithm.overrides.micro_batch_size "
-                "or set train.gradient_checkpointing=true (a rollout worker on the same GPU "
-                "takes its share too)"
+                "the step ran out of device memory: lower algorithm.overrides.micro_batch_size, "
+                "set train.activation_memory_budget (with train.compile) or "
+                "train.gradient_checkpointing=true (a rollout worker on the same GPU takes its "
+                "share too)"
             )
         stop_run = getattr(err, "stop_run", False)  # step_snapshot.StepNotUndone
         del err, future
