@@ -258,6 +258,8 @@ class Bench(Float8Stages, MemoryStages):
             mode=self.args.compile_mode,
             cache_dir=self.args.cache_dir,
             regional=regional_scope(scope or self.args.compile_scope),
+            # changes only graphs with a backward: the trainer's, not the rollout's
+            activation_memory_budget=self.args.activation_memory_budget,
         )
 
     def stage_compile_rollout(self) -> None:

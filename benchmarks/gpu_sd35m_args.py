@@ -21,6 +21,13 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's)")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument(
+        "--activation-memory-budget",
+        type=float,
+        default=None,
+        help="the compiled trainer's train.activation_memory_budget (the share of a block's "
+        "activations kept for the backward; default: torch's)",
+    )
     p.add_argument("--compile-mode", default=None)
     p.add_argument(
         "--rollout-compile-mode",

@@ -127,8 +127,12 @@ class Float8Stages:
         layers = self.train.enable_float8(options)
         step = self.train_step(self.setup.kl_beta)
         groups, _ = self.sample()  # on-policy: the first step's parity is precision alone
+        from omnirl.models.device import peak_memory_gb, reset_peak_memory
+
         m, first = self.timed_step(step, groups)  # recompiles (and calibrates) first
+        reset_peak_memory(self.device)
         _, t = self.timed_step(step, groups)
+        peak = peak_memory_gb(self.device)
         rollout = "float8" if self.rollout.float8 else "bf16"
         what = (
             f"{rollout} compiled rollout vs trainer float8 {options.activation}, input gradient "
@@ -147,6 +151,8 @@ class Float8Stages:
             parity_mean=m["behav_prox_logp_absdiff_mean"],
             parity_max=m["behav_prox_logp_absdiff_max"],
             parity_of=what,
+            activation_memory_budget=self.args.activation_memory_budget,
+            **{f"peak_{kind}_gb": gb for kind, gb in peak.items()},
         )
         # kernel time by kind of one more step: what is left of it for kernel work
         self.report.add(

@@ -146,13 +146,15 @@ def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):
 def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path):
     """``fp8_best`` needs no other stage: the float8 rollout and trainer compiled from
     nothing, their parity, kernel split and same-work iteration; an ``--inductor`` setting
-    is applied and recorded with the run."""
+    is applied and recorded with the run, and so is the trainer's activation memory budget."""
     rows = _run_tiny(
         tmp_path,
         "--stages",
         "fp8_best",
         "--inductor",
         "triton.multi_kernel=0",
+        "--activation-memory-budget",
+        "0.5",
         timeout=600,
     )
     assert not [k for k in rows if k.endswith(("_error", "_skipped"))], rows
@@ -166,6 +168,7 @@ def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path
         True,
     )
     assert 0 < train["parity_max"] < 0.1 and train["compile_s"] > 0
+    assert train["activation_memory_budget"] == 0.5  # the trainer compiled with it
     assert rows["profile_train_fp8_best"]["launches"] > 0
     assert rows["omnirl_iteration_same_work_train_fp8_best"]["kl"] is True
     md = (tmp_path / "gpu_sd35m.md").read_text()
