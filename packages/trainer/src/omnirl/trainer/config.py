@@ -343,10 +343,12 @@ def _validate(cfg: DictConfig) -> None:
                 "key 'train.activation_memory_budget': needs train.compile=true (the "
                 "compiler decides what to recompute)"
             )
-        if not 0 < budget <= 1:
-            raise ConfigError(
-                f"key 'train.activation_memory_budget': must be in (0, 1], not {budget}"
-            )
+        from omnirl.models.compile import CompileConfig
+
+        try:
+            CompileConfig(activation_memory_budget=budget)
+        except ValueError as err:
+            raise ConfigError(f"key 'train.activation_memory_budget': {err}") from None
     if cfg.train.float8 and cfg.model.lora is None:
         raise ConfigError(
             "key 'train.float8': float8 training needs model.lora (a full fine-tune trains "

@@ -1,0 +1,125 @@
+"""What ``train.activation_memory_budget`` saves: the bytes a LoRA trainer's compiled
+SD3.5-Medium blocks keep for the backward, by budget, at the real shape.
+
+Saved-tensor bytes are a property of the traced graph and its partition, not of the device,
+so this runs on a CPU: one block of each of SD3.5-Medium's three variants (dual attention,
+plain, the last, context-pre-only one) at full width, in bf16, with the benchmark's LoRA
+(r 32 on every attention projection; base weights frozen), 2 rows (one sample with CFG) of
+1,024 image + 333 text tokens, compiled with ``aot_eager`` (AOTAutograd's partitioner, which
+reads the budget, without generating kernels). Each variant's bytes are scaled to the
+model's 13 + 10 + 1 blocks. Not measured here: the float8 trainer (its frozen linear layers
+save no input, so the default's share differs), the time the recomputation costs (a GPU
+question), and attention kernels' own saved tensors on a GPU (cuDNN's differ a little).
+
+    uv run python benchmarks/activation_budget_memory.py [--budgets 1,0.8,0.5,0.3] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_sd35m_setup import SD35M_TRANSFORMER  # noqa: E402
+
+from omnirl.models.compile import CompileConfig, compile_module  # noqa: E402
+from omnirl.models.sd3.lora import add_lora  # noqa: E402
+
+BLOCKS_OF = {"dual": 13, "plain": 10, "last": 1}  # SD3.5-Medium's 24 blocks by variant
+
+
+def _model(tiny: bool):
+    from diffusers import SD3Transformer2DModel
+
+    config = dict(SD35M_TRANSFORMER, num_layers=3, dual_attention_layers=(0,))
+    if tiny:
+        config.update(num_attention_heads=2, attention_head_dim=16, caption_projection_dim=32)
+        config.update(joint_attention_dim=32, pooled_projection_dim=32, sample_size=8)
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(**config).to(torch.bfloat16)
+    add_lora(model, {"r": 4 if tiny else 32, "lora_alpha": 8 if tiny else 64})
+    return model
+
+
+def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int]:
+    """Bytes autograd saves inside each block variant for one forward of 2 rows."""
+    torch._dynamo.reset()
+    model = _model(tiny)
+    compile_module(model, CompileConfig(backend="aot_eager", activation_memory_budget=budget))
+    names = ["dual", "plain", "last"]
+    current: list[str] = []
+    saved = dict.fromkeys(names, 0)
+    def leave(module, args, output) -> None:  # returns None: the output stays the block's
+        current.pop()
+
+    for name, block in zip(names, model.transformer_blocks, strict=True):
+        block.register_forward_pre_hook(lambda m, a, n=name: current.append(n))
+        block.register_forward_hook(leave)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if current:
+            saved[current[-1]] += t.numel() * t.element_size()
+        return t
+
+    cfg = model.config
+    gen = torch.Generator().manual_seed(1)
+    side, text = cfg.sample_size, (8 if tiny else 333)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    # autocast as the trainer's (the LoRA weights are float32); on a GPU the trainer's
+    # attention is bf16 too, which the CPU's bf16 SDPA stands in for here
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        out = model(
+            hidden_states=rand(2, cfg.in_channels, side, side),
+            encoder_hidden_states=rand(2, text, cfg.joint_attention_dim),
+            pooled_projections=rand(2, cfg.pooled_projection_dim),
+            timestep=torch.tensor([500.0, 500.0]),
+            return_dict=False,
+        )[0]
+    out.float().square().mean().backward()  # the backward runs: the graph was a real one
+    return saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budgets", default="1,0.8,0.5,0.3")
+    p.add_argument("--tiny", action="store_true", help="toy widths (a quick dry run)")
+    p.add_argument("--out", type=Path, default=None, help="write the rows here as JSONL")
+    args = p.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rows = []
+    for text in args.budgets.split(","):
+        budget = None if float(text) == 1.0 else float(text)
+        saved = saved_bytes_by_variant(budget, tiny=args.tiny)
+        model_gb = sum(saved[v] * n for v, n in BLOCKS_OF.items()) / 1e9
+        row = {
+            "budget": float(text),
+            **{f"{v}_block_mb": round(b / 1e6, 2) for v, b in saved.items()},
+            "model_gb_per_sample": round(model_gb, 3),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    base = rows[0]["model_gb_per_sample"]
+    print("| budget | dual block MB | plain block MB | last block MB | 24 blocks, GB a sample | vs budget 1 |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        share = r["model_gb_per_sample"] / base if base else float("nan")
+        print(
+            f"| {r['budget']} | {r['dual_block_mb']} | {r['plain_block_mb']} | "
+            f"{r['last_block_mb']} | {r['model_gb_per_sample']} | {share:.2f} |"
+        )
+    if args.out:
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
