@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_sd35m_setup import SD35M_TRANSFORMER  # noqa: E402
+from gpu_sd35m_setup import SD35M_TRANSFORMER
 
-from omnirl.models.compile import CompileConfig, compile_module  # noqa: E402
-from omnirl.models.sd3.lora import add_lora  # noqa: E402
+from omnirl.models.compile import CompileConfig, compile_module
+from omnirl.models.sd3.lora import add_lora
 
 BLOCKS_OF = {"dual": 13, "plain": 10, "last": 1}  # SD3.5-Medium's 24 blocks by variant
 
@@ -54,6 +54,7 @@ def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int
     names = ["dual", "plain", "last"]
     current: list[str] = []
     saved = dict.fromkeys(names, 0)
+
     def leave(module, args, output) -> None:  # returns None: the output stays the block's
         current.pop()
 
@@ -108,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     base = rows[0]["model_gb_per_sample"]
-    print("| budget | dual block MB | plain block MB | last block MB | 24 blocks, GB a sample | vs budget 1 |")
+    print(
+        "| budget | dual block MB | plain block MB | last block MB | 24 blocks, GB a sample | vs budget 1 |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         share = r["model_gb_per_sample"] / base if base else float("nan")
