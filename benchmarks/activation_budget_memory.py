@@ -47,7 +47,8 @@ def _model(tiny: bool):
 
 
 def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int]:
-    """Bytes autograd saves inside each block variant for one forward of 2 rows."""
+    """Bytes autograd saves inside each block variant for one forward of 2 rows: each
+    buffer once, the parameters not at all."""
     torch._dynamo.reset()
     model = _model(tiny)
     compile_module(model, CompileConfig(backend="aot_eager", activation_memory_budget=budget))
@@ -62,9 +63,15 @@ def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int
         block.register_forward_pre_hook(lambda m, a, n=name: current.append(n))
         block.register_forward_hook(leave)
 
+    # memory, not references: a saved weight is the parameter itself, and several saved
+    # views of one buffer (q, k, v of one projection) hold that buffer once
+    counted = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if current:
-            saved[current[-1]] += t.numel() * t.element_size()
+        storage = t.untyped_storage()
+        if current and storage.data_ptr() not in counted:
+            counted.add(storage.data_ptr())
+            saved[current[-1]] += storage.nbytes()
         return t
 
     cfg = model.config
@@ -78,14 +85,14 @@ def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int
     # attention is bf16 too, which the CPU's bf16 SDPA stands in for here
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        out = model(
+        out = model(  # a forward with grad: AOTAutograd partitions the joint graph here
             hidden_states=rand(2, cfg.in_channels, side, side),
             encoder_hidden_states=rand(2, text, cfg.joint_attention_dim),
             pooled_projections=rand(2, cfg.pooled_projection_dim),
             timestep=torch.tensor([500.0, 500.0]),
             return_dict=False,
         )[0]
-    out.float().square().mean().backward()  # the backward runs: the graph was a real one
+    del out  # what the forward saved is counted; the backward would only free it
     return saved
 
 

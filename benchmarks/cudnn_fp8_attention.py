@@ -40,6 +40,11 @@ def quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() * scale).to(torch.float8_e4m3fn), (1.0 / scale).reshape(1, 1, 1, 1)
 
 
+def _scalar(value: float, device: torch.device) -> torch.Tensor:
+    """A [1, 1, 1, 1] float32 on ``device``: the shape cuDNN's graphs take a scale in."""
+    return torch.full((1, 1, 1, 1), value, dtype=torch.float32, device=device)
+
+
 class _Uids:
     """Declares a graph's tensors with consecutive uids, remembered by name."""
 
@@ -160,12 +165,12 @@ class CudnnFp8Forward:
         self.workspace = torch.empty(
             self.graph.get_workspace_size(), dtype=torch.uint8, device=device
         )
-        scalar = lambda v: torch.full((1, 1, 1, 1), v, dtype=torch.float32, device=device)  # noqa: E731
-        self.scale_s, self.descale_s = scalar(PROBS_SCALE), scalar(1.0 / PROBS_SCALE)
+        self.scale_s = _scalar(PROBS_SCALE, device)
+        self.descale_s = _scalar(1.0 / PROBS_SCALE, device)
         b, h, s, _ = shape
         self.o = torch.empty_strided(shape, stride, dtype=torch.float8_e4m3fn, device=device)
         self.stats = torch.empty((b, h, s, 1), dtype=torch.float32, device=device)
-        self.amax_s, self.amax_o = scalar(0.0), scalar(0.0)
+        self.amax_s, self.amax_o = _scalar(0.0, device), _scalar(0.0, device)
 
     def quantized(self, q8, k8, v8, descale_q, descale_k, descale_v):
         for x in (q8, k8, v8):

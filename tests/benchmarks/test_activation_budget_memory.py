@@ -1,0 +1,17 @@
+"""The activation-budget memory benchmark's dry run at toy widths: every budget measured,
+each block variant's saved bytes counted."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_tiny_run_counts_each_variant_for_each_budget(tmp_path, benchmark_script):
+    bench = benchmark_script("activation_budget_memory")
+    out = tmp_path / "rows.jsonl"
+    assert bench.main(["--tiny", "--budgets", "1,0.5", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["budget"] for r in rows] == [1.0, 0.5]
+    for row in rows:
+        assert all(row[f"{v}_block_mb"] > 0 for v in ("dual", "plain", "last")), row
+        assert row["model_gb_per_sample"] > 0
