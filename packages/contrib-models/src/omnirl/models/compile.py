@@ -160,7 +160,8 @@ def compile_module(module: torch.nn.Module, config: CompileConfig) -> list[str]:
 
 def _with_memory_budget(forward: Callable, budget: float) -> Callable:
     """``forward`` with AOTAutograd's activation memory budget set while it runs: the
-    partitioner reads it when a call compiles (and the compile caches key on it)."""
+    partitioner reads it when a call compiles (a shape's first call), not at
+    ``torch.compile``."""
     import functools
 
     import torch._functorch.config as functorch_config
