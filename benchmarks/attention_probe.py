@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-E4M3_MAX = 448.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cudnn_fp8_attention import quantize_e4m3
 
 
 def _time(fn: Callable[[], object], device: torch.device, seconds: float) -> float:
@@ -75,12 +77,6 @@ def _flex(compiled: bool):
     return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
 
 
-def _float8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` [B, H, S, D] as e4m3 with one float32 scale for the tensor: ``x ~ q * scale``."""
-    scale = (x.detach().abs().amax().float() / E4M3_MAX).clamp(min=1e-12)
-    return (x / scale).to(torch.float8_e4m3fn), scale
-
-
 def flex_float8_attention(flex):
     """FlexAttention on e4m3 ``q``, ``k``, ``v`` (per-tensor scales): the scores are
     rescaled by ``q_scale * k_scale`` inside the kernel, the output by ``v_scale`` after it."""
@@ -105,7 +101,7 @@ def _cudnn_fp8_row(name, quantizing, q, k, v, device, seconds, baseline, error) 
     try:
         if device.type != "cuda":
             raise RuntimeError("cuDNN's float8 attention needs a CUDA GPU")
-        from cudnn_fp8_attention import CudnnFp8Forward, quantize_e4m3
+        from cudnn_fp8_attention import CudnnFp8Forward
 
         attend = CudnnFp8Forward(tuple(q.shape), tuple(q.stride()), device)
         with torch.no_grad():
@@ -210,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError("float8 FlexAttention needs a GPU (Triton)")
         attend = torch.compile(flex_float8_attention(_flex(compiled=False)), dynamic=False)
         with torch.no_grad():
-            (q8, qs), (k8, ks), (v8, vs) = _float8(q), _float8(k), _float8(v)
+            # one scale per tensor, as a 0-d tensor: the score modification multiplies a
+            # scalar score by it
+            (q8, qs), (k8, ks), (v8, vs) = (
+                (x8, descale.reshape(())) for x8, descale in map(quantize_e4m3, (q, k, v))
+            )
             row.update(error(attend(q8, k8, v8, qs, ks, vs)))
             seconds = _time(lambda: attend(q8, k8, v8, qs, ks, vs), device, args.seconds)
         row.update(ms=round(seconds * 1e3, 4), tflops=round(flops_fwd / seconds / 1e12, 1))

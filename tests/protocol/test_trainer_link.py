@@ -172,7 +172,7 @@ def test_check_says_when_to_exit_and_when_the_link_moved(sockets, tmp_path, capl
         link.close()
 
 
-def test_keep_registered_says_hello_until_welcomed_then_heartbeats(sockets):
+def test_tend_says_hello_until_welcomed_then_heartbeats(sockets):
     """A real ROUTER hears the schedule: Hello at once and every retry_s while unwelcomed,
     Heartbeats at the Welcome's interval after it, Hello at once again after unwelcome()."""
     from omnirl.protocol.messages import Heartbeat, Hello, Topology, Welcome
@@ -184,13 +184,16 @@ def test_keep_registered_says_hello_until_welcomed_then_heartbeats(sockets):
     sent: list[str] = []
 
     def tick(now, welcome=None):
-        link.keep_registered(
+        state = link.tend(
             now,
             welcome=welcome,
             hello=lambda: Hello(role="rollout", worker_id="w"),
             heartbeat=lambda: Heartbeat(worker_id="w", role="rollout"),
             retry_s=2.0,
+            timeout_s=1e9,
+            name="w",
         )
+        assert state is None  # the trainer is there: nothing to exit or follow
 
     def heard() -> list[str]:
         kinds = []

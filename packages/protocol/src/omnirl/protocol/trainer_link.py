@@ -147,29 +147,9 @@ class TrainerLink:
     def unwelcome(self, now: float | None = None) -> None:
         """The worker holds no Welcome from here on (it registers, or registers again): the
         clock counts from ``now`` unless the connection is down already, and the next
-        :meth:`keep_registered` says Hello at once."""
+        :meth:`tend` says Hello at once."""
         self._unwelcomed_since = time.monotonic() if now is None else now
         self._hello_at = -1e9
-
-    def keep_registered(
-        self,
-        now: float,
-        *,
-        welcome: Welcome | None,
-        hello: Callable[[], Message],
-        heartbeat: Callable[[], Message],
-        retry_s: float,
-    ) -> None:
-        """Without a ``welcome``, send ``hello()`` every ``retry_s``; with one,
-        ``heartbeat()`` every ``welcome.heartbeat_interval_s``. Never blocks: while the
-        trainer is away its queue fills and the message is dropped."""
-        if welcome is None:
-            if now - self._hello_at >= retry_s:
-                send_nowait(self.control, hello())
-                self._hello_at = now
-        elif now >= self._next_beat:
-            send_nowait(self.control, heartbeat())
-            self._next_beat = now + welcome.heartbeat_interval_s
 
     def away(self, now: float, *, welcomed: bool) -> float | None:
         """Seconds the trainer has been unreachable at ``now``: since the connection dropped,
@@ -208,12 +188,18 @@ class TrainerLink:
         timeout_s: float,
         name: str,
     ) -> str | None:
-        """One turn of a worker's loop on the link: :meth:`keep_registered`, then
-        :meth:`check` (its answer: exit, register with the trainer the link moved to, or
-        None)."""
-        self.keep_registered(
-            now, welcome=welcome, hello=hello, heartbeat=heartbeat, retry_s=retry_s
-        )
+        """One turn of a worker's loop on the link. First keep the registration: without a
+        ``welcome``, send ``hello()`` every ``retry_s``; with one, ``heartbeat()`` every
+        ``welcome.heartbeat_interval_s`` (never blocking: while the trainer is away its
+        queue fills and the message is dropped). Then :meth:`check`'s answer: exit,
+        register with the trainer the link moved to, or None."""
+        if welcome is None:
+            if now - self._hello_at >= retry_s:
+                send_nowait(self.control, hello())
+                self._hello_at = now
+        elif now >= self._next_beat:
+            send_nowait(self.control, heartbeat())
+            self._next_beat = now + welcome.heartbeat_interval_s
         return self.check(
             now, welcomed=welcome is not None, timeout_s=timeout_s, retry_s=retry_s, name=name
         )
