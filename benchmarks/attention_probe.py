@@ -93,7 +93,7 @@ def flex_float8_attention(flex):
     return attend
 
 
-def _cudnn_fp8_row(name, quantizing, q, k, v, device, seconds, baseline, error) -> dict:
+def _cudnn_fp8_row(name, quantizing, q, k, v, device, seconds, flops, baseline, error) -> dict:
     """cuDNN's float8 forward (``benchmarks/cudnn_fp8_attention.py``; Hopper runs it with an
     e4m3 output and has no float8 backward at head dim 64): the kernel alone on inputs
     already in e4m3, or with quantising q, k, v and dequantising the output (eager)."""
@@ -114,7 +114,6 @@ def _cudnn_fp8_row(name, quantizing, q, k, v, device, seconds, baseline, error) 
                 seconds_per = _time(
                     lambda: attend.quantized(q8, k8, v8, dq, dk, dv), device, seconds
                 )
-        flops = 4.0 * q.shape[0] * q.shape[1] * q.shape[2] ** 2 * q.shape[3]
         row.update(ms=round(seconds_per * 1e3, 4), tflops=round(flops / seconds_per / 1e12, 1))
         row["speed_vs_cudnn_bf16"] = round(baseline["fwd"] / seconds_per, 3)
     except Exception as err:
@@ -221,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     record(row)
 
     for name, quantizing in (("cudnn_fp8_fwd", False), ("cudnn_fp8_fwd_quantizing", True)):
-        record(_cudnn_fp8_row(name, quantizing, q, k, v, device, args.seconds, baseline, error))
+        record(
+            _cudnn_fp8_row(
+                name, quantizing, q, k, v, device, args.seconds, flops_fwd, baseline, error
+            )
+        )
 
     (args.out / "attention_probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = [
