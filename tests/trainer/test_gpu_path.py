@@ -18,7 +18,7 @@ from omnirl.protocol.messages import PromptSpec, Rewards, SamplingParams, Topolo
 from omnirl.rollout.model import warmup_lease
 from omnirl.trainer.algorithms.update_metrics import MetricsAccumulator
 from omnirl.trainer.backend import AdapterBackend, train_step_config
-from omnirl.trainer.config import load_config
+from omnirl.trainer.config import ConfigError, load_config
 from omnirl.trainer.distributed import resolve_mode, split_rows
 from omnirl.trainer.step import TrainStep
 
@@ -83,9 +83,30 @@ def test_model_options_are_read_from_train_and_not_passed_to_the_step(tiny_sd3_p
     assert not is_compiled(plain.adapter.transformer)
 
 
+def test_only_train_step_fields_of_train_reach_the_step_config(tmp_path):
+    """Every model and loop option of ``train`` set at once: none reaches TrainStep.Config
+    (``activation_memory_budget`` once did, and the trainer refused its own key)."""
+    base = [f"model.path={tmp_path}", f"data.prompts={tmp_path / 'p.jsonl'}"]
+    overrides = [
+        *base,
+        "train.compile=true",
+        "train.compile_mode=max-autotune-no-cudagraphs",
+        f"train.compile_cache={tmp_path / 'cache'}",
+        "train.activation_memory_budget=0.5",
+        "train.gradient_checkpointing=true",
+        "train.lr_warmup_steps=3",
+        "train.lr=3e-4",
+        "train.max_grad_norm=0.5",
+    ]
+    step = train_step_config(load_config(None, overrides))
+    assert (step.lr, step.max_grad_norm) == (3e-4, 0.5)
+    bad = load_config(None, [*base, "algorithm.overrides.nope=1"])
+    with pytest.raises(ConfigError, match=r"unknown TrainStep.Config keys \['nope'\]"):
+        train_step_config(bad)
+
+
 def test_the_backend_converts_float8_layers_as_the_float8_keys_say(tiny_sd3_path, tmp_path):
     from omnirl.models.float8 import float8_layers
-    from omnirl.trainer.config import ConfigError
 
     base = [f"model.path={tiny_sd3_path}", f"data.prompts={tmp_path / 'p.jsonl'}"]
     static = ["train.float8=true", "train.float8_activation=static"]
@@ -165,7 +186,6 @@ def test_rollout_warmup_lease_has_the_runs_shapes():
 def test_attention_backend_is_validated_and_listed_alike_by_trainer_and_rollout():
     from omnirl.models.device import ATTENTION_BACKENDS, attention_backend
     from omnirl.rollout.cli import build_parser
-    from omnirl.trainer.config import ConfigError
 
     assert load_config(None, ["model.path=x", "data.prompts=p", "train.attention=cudnn"])
     with pytest.raises(ConfigError, match=r"train\.attention.*'fast'"):
@@ -179,7 +199,6 @@ def test_attention_backend_is_validated_and_listed_alike_by_trainer_and_rollout(
 def test_compile_scope_is_validated_and_listed_alike_by_trainer_and_rollout():
     from omnirl.models.compile import COMPILE_SCOPES
     from omnirl.rollout.cli import build_parser
-    from omnirl.trainer.config import ConfigError
 
     base = ["model.path=x", "data.prompts=p"]
     assert load_config(None, [*base, "train.compile_scope=whole"]).train.compile_scope == "whole"

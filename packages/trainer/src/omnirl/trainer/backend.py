@@ -18,6 +18,7 @@ rank 0's is wrapped in :class:`omnirl.trainer.replicas.LeaderBackend`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -31,43 +32,19 @@ from omnirl.trainer.config import (
 
 log = logging.getLogger("omnirl.trainer.backend")
 
-# ``train`` keys that are not TrainStep.Config fields: the loop's and the model's.
-_LOOP_KEYS = (
-    "groups_per_step",
-    "max_staleness",
-    "lr_schedule",
-    "lr_min_ratio",
-    "lr_warmup_steps",
-    "step_snapshot",
-)
-_MODEL_KEYS = (
-    "gradient_checkpointing",
-    "compile",
-    "compile_mode",
-    "compile_scope",
-    "compile_cache",
-    "float8",
-    "float8_fast_accum",
-    "float8_activation",
-    "float8_input_grad",
-    "float8_scope",
-    "float8_recalibrate_every",
-    "attention",
-    "parallel",
-)
-
 
 def train_step_config(cfg: Any) -> Any:
     """``TrainStep.Config`` from ``train`` (set fields) and ``algorithm.overrides``.
 
-    Raises :class:`ConfigError` naming any key ``TrainStep.Config`` does not have.
+    Of ``train`` only the fields ``TrainStep.Config`` has are taken: the rest are the loop's
+    and the model's options, read where they apply. Raises :class:`ConfigError` naming any
+    key of ``algorithm.overrides`` that ``TrainStep.Config`` does not have.
     """
     from omnirl.trainer.step import TrainStep
 
+    step_fields = {f.name for f in dataclasses.fields(TrainStep.Config)}
     values = {
-        k: v
-        for k, v in to_container(cfg.train).items()
-        if k not in _LOOP_KEYS + _MODEL_KEYS and v is not None
+        k: v for k, v in to_container(cfg.train).items() if k in step_fields and v is not None
     }
     values.setdefault("seed", cfg.run.seed)
     values.update(to_container(cfg.algorithm)["overrides"])
