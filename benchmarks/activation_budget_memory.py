@@ -1,17 +1,25 @@
-"""What ``train.activation_memory_budget`` saves: the bytes a LoRA trainer's compiled
-SD3.5-Medium blocks keep for the backward, by budget, at the real shape.
+"""What ``train.activation_memory_budget`` keeps: the bytes a LoRA trainer's compiled
+SD3.5-Medium blocks save for the backward, by budget, as AOTAutograd partitions them on the CPU.
 
-Saved-tensor bytes are a property of the traced graph and its partition, not of the device,
-so this runs on a CPU: one block of each of SD3.5-Medium's three variants (dual attention,
-plain, the last, context-pre-only one) at full width, in bf16, with the benchmark's LoRA
-(r 32 on every attention projection; base weights frozen), 2 rows (one sample with CFG) of
-1,024 image + 333 text tokens, compiled with ``aot_eager`` (AOTAutograd's partitioner, which
-reads the budget, without generating kernels). Each variant's bytes are scaled to the
-model's 13 + 10 + 1 blocks. Not measured here: the float8 trainer (its frozen linear layers
-save no input, so the default's share differs), the time the recomputation costs (a GPU
-question), and attention kernels' own saved tensors on a GPU (cuDNN's differ a little).
+One block of each of SD3.5-Medium's three variants (dual attention, plain, the last,
+context-pre-only one) at full width, in bf16, with the benchmark's LoRA (r 32 on every
+attention projection; base weights frozen), 2 rows (one sample with CFG) of 1,024 image +
+333 text tokens (512x512 images; ``--side``), compiled with ``aot_eager`` (AOTAutograd's
+partitioner, which reads the budget, without generating kernels); each variant's bytes scaled
+to the model's 13 + 10 + 1 blocks. ``--float8``: the float8 trainer's blocks instead (every
+block linear a frozen float8 layer, static scales calibrated on the same inputs, a float8
+input gradient; torch's CPU emulation of the float8 matmuls).
+
+What budget 1 keeps is the graph's own (the same on a GPU but for the attention kernel's
+saved tensors). Below 1 the partition follows the partitioner's cost estimates for the
+operators it sees, and the CPU's graph has other ones (its attention kernel, the emulated
+float8 matmuls): on an H100 budget 0.5 took 1.9 GB a sample off the float8 trainer's step,
+where this count finds nothing to take (``docs/gpu_sessions.md``, "seventeenth"). Plan with
+the GPU's figures (``gpu_sd35m.py --activation-memory-budget``); this one says what a budget
+can reach at most and which block variants hold what.
 
     uv run python benchmarks/activation_budget_memory.py [--budgets 1,0.8,0.5,0.3] [--tiny]
+        [--float8] [--side 512]
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from omnirl.models.sd3.lora import add_lora
 BLOCKS_OF = {"dual": 13, "plain": 10, "last": 1}  # SD3.5-Medium's 24 blocks by variant
 
 
-def _model(tiny: bool):
+def _model(tiny: bool, float8: bool):
     from diffusers import SD3Transformer2DModel
 
     config = dict(SD35M_TRANSFORMER, num_layers=3, dual_attention_layers=(0,))
@@ -43,14 +51,23 @@ def _model(tiny: bool):
     torch.manual_seed(0)
     model = SD3Transformer2DModel(**config).to(torch.bfloat16)
     add_lora(model, {"r": 4 if tiny else 32, "lora_alpha": 8 if tiny else 64})
+    if float8:
+        from omnirl.models.float8 import convert_to_float8, float8_layers
+
+        convert_to_float8(list(model.transformer_blocks), activation="static")
+        for layer in float8_layers(model):
+            layer.enable_backward("float8")
     return model
 
 
-def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int]:
+def saved_bytes_by_variant(
+    budget: float | None, *, tiny: bool, float8: bool, side: int = 512
+) -> dict[str, int]:
     """Bytes autograd saves inside each block variant for one forward of 2 rows: each
-    buffer once, the parameters not at all."""
+    buffer once, the parameters and the modules' buffers (float8 weight copies) not at all.
+    ``side``: the image's height and width in pixels (the latent is an eighth of it)."""
     torch._dynamo.reset()
-    model = _model(tiny)
+    model = _model(tiny, float8)
     compile_module(model, CompileConfig(backend="aot_eager", activation_memory_budget=budget))
     names = ["dual", "plain", "last"]
     current: list[str] = []
@@ -65,7 +82,8 @@ def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int
 
     # memory, not references: a saved weight is the parameter itself, and several saved
     # views of one buffer (q, k, v of one projection) hold that buffer once
-    counted = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    held = [*model.parameters(), *model.buffers()]
+    counted = {t.untyped_storage().data_ptr() for t in held}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -76,7 +94,8 @@ def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int
 
     cfg = model.config
     gen = torch.Generator().manual_seed(1)
-    side, text = cfg.sample_size, (8 if tiny else 333)
+    # the config's sample_size is SD3.5's 1024x1024 default; the step's images are ``side``
+    latent, text = (cfg.sample_size if tiny else side // 8), (8 if tiny else 333)
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(torch.bfloat16)
@@ -84,14 +103,21 @@ def saved_bytes_by_variant(budget: float | None, *, tiny: bool) -> dict[str, int
     # autocast as the trainer's (the LoRA weights are float32); on a GPU the trainer's
     # attention is bf16 too, which the CPU's bf16 SDPA stands in for here
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    inputs = {
+        "hidden_states": rand(2, cfg.in_channels, latent, latent),
+        "encoder_hidden_states": rand(2, text, cfg.joint_attention_dim),
+        "pooled_projections": rand(2, cfg.pooled_projection_dim),
+        "timestep": torch.tensor([500.0, 500.0]),
+        "return_dict": False,
+    }
+    if float8:  # the static scales, from one eager pass on the same inputs (as the trainer)
+        from omnirl.models.float8_static import float8_calibration
+
+        with float8_calibration(model), torch.no_grad(), autocast:
+            model(**inputs)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        out = model(  # a forward with grad: AOTAutograd partitions the joint graph here
-            hidden_states=rand(2, cfg.in_channels, side, side),
-            encoder_hidden_states=rand(2, text, cfg.joint_attention_dim),
-            pooled_projections=rand(2, cfg.pooled_projection_dim),
-            timestep=torch.tensor([500.0, 500.0]),
-            return_dict=False,
-        )[0]
+        # a forward with grad: AOTAutograd partitions the joint graph here
+        out = model(**inputs)[0]
     del out  # what the forward saved is counted; the backward would only free it
     return saved
 
@@ -100,16 +126,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budgets", default="1,0.8,0.5,0.3")
     p.add_argument("--tiny", action="store_true", help="toy widths (a quick dry run)")
+    p.add_argument("--side", type=int, default=512, help="image side in pixels (not --tiny)")
+    p.add_argument(
+        "--float8", action="store_true", help="the float8 trainer's blocks (static scales)"
+    )
     p.add_argument("--out", type=Path, default=None, help="write the rows here as JSONL")
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
     for text in args.budgets.split(","):
         budget = None if float(text) == 1.0 else float(text)
-        saved = saved_bytes_by_variant(budget, tiny=args.tiny)
+        saved = saved_bytes_by_variant(budget, tiny=args.tiny, float8=args.float8, side=args.side)
         model_gb = sum(saved[v] * n for v, n in BLOCKS_OF.items()) / 1e9
         row = {
             "budget": float(text),
+            "float8": args.float8,
+            "side": args.side,
             **{f"{v}_block_mb": round(b / 1e6, 2) for v, b in saved.items()},
             "model_gb_per_sample": round(model_gb, 3),
         }

@@ -168,7 +168,8 @@ class TrainConfig:
     # KL (docs/gpu_sessions.md, "GPU, seventh" to "eleventh session"): row-wise 5 % slower
     # than bf16; static 11 % faster (float8 input gradient), 8 % (model_dtype); static 13 %
     # with micro_batch_size 16, where at 8 the host's kernel launches can hold it to 2 %
-    # (16 needs more memory than an 80 GB card leaves beside a rollout worker: "twelfth")
+    # (16 needs more memory than an 80 GB card leaves beside a rollout worker, "twelfth",
+    # unless activation_memory_budget is set: 0.5 fits, 9 % slower a step, "seventeenth")
     float8: bool = False
     float8_fast_accum: bool = False
     float8_activation: str = "rowwise"
