@@ -70,6 +70,7 @@ def test_model_options_are_read_from_train_and_not_passed_to_the_step(tiny_sd3_p
         "train.gradient_checkpointing=true",
         "train.compile=true",
         f"train.compile_cache={tmp_path / 'cache'}",
+        "train.activation_memory_budget=0.5",
         "train.kl_beta=0.01",
     ]
     cfg = load_config(None, overrides)
