@@ -15,8 +15,8 @@ saved tensors). Below 1 the partition follows the partitioner's cost estimates f
 operators it sees, and the CPU's graph has other ones (its attention kernel, the emulated
 float8 matmuls): on an H100 budget 0.5 took 1.9 GB a sample off the float8 trainer's step,
 where this count finds nothing to take (``docs/gpu_sessions.md``, "seventeenth"). Plan with
-the GPU's figures (``gpu_sd35m.py --activation-memory-budget``); this one says what a budget
-can reach at most and which block variants hold what.
+the GPU's figures (``gpu_sd35m.py --activation-memory-budget``); this one says what the
+blocks save with no budget, and which block variant holds what.
 
     uv run python benchmarks/activation_budget_memory.py [--budgets 1,0.8,0.5,0.3] [--tiny]
         [--float8] [--side 512]
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {
             "budget": float(text),
             "float8": args.float8,
-            "side": args.side,
+            "side": None if args.tiny else args.side,
             **{f"{v}_block_mb": round(b / 1e6, 2) for v, b in saved.items()},
             "model_gb_per_sample": round(model_gb, 3),
         }
