@@ -141,7 +141,9 @@ def test_summary_reports_the_trainer_and_worker_memory_peaks(tmp_path, benchmark
 
 def test_activation_memory_budget_reaches_the_trainer_config(tmp_path, benchmark_script):
     """``--activation-memory-budget`` is the run's ``train.activation_memory_budget``, a key
-    the trainer accepts (with its compile on)."""
+    the trainer accepts (with its compile on) as far as its step's settings, where it once
+    stopped the trainer at start-up."""
+    from omnirl.trainer.backend import train_step_config
     from omnirl.trainer.config import load_config
 
     gpu_loop = benchmark_script("gpu_loop")
@@ -155,6 +157,8 @@ def test_activation_memory_budget_reaches_the_trainer_config(tmp_path, benchmark
         "0.6",
     ]
     config = gpu_loop.write_config(gpu_loop.parse_args(argv), tmp_path / "model", tmp_path)
-    assert load_config(config).train.activation_memory_budget == 0.6
+    cfg = load_config(config)
+    assert cfg.train.activation_memory_budget == 0.6
+    train_step_config(cfg)  # raised ConfigError while the key leaked into TrainStep.Config
     unset = gpu_loop.write_config(gpu_loop.parse_args(argv[:-2]), tmp_path / "model", tmp_path)
     assert load_config(unset).train.activation_memory_budget is None
