@@ -215,6 +215,8 @@ def launch(args, config: Path, out: Path) -> int:
         rollout += ["--compile", "--compile-cache", str(out / "compile_cache")]
         if args.rollout_compile_mode:
             rollout += ["--compile-mode", args.rollout_compile_mode]
+        if args.compile_decoder:
+            rollout += ["--compile-decoder"]
     if args.float8:
         rollout += ["--float8", args.float8]
         if args.float8_fast_accum:
@@ -372,6 +374,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the worker's --float8-recalibrate-every and the trainer's "
         "train.float8_recalibrate_every (default: theirs)",
+    )
+    p.add_argument(
+        "--compile-decoder",
+        action="store_true",
+        help="the worker compiles its VAE decoder too (rollout --compile-decoder)",
     )
     p.add_argument(
         "--decode-batch",

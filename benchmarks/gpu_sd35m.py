@@ -150,8 +150,10 @@ class Bench(Float8Stages, MemoryStages):
         s, dev = self.setup, self.device
         if not hasattr(self, "vae"):
             self.vae = build_vae(s.vae, dev, self.dtype)
+        # a compiled decoder gets its own VAE (same seed, same weights): the baseline's stays eager
+        vae = build_vae(s.vae, dev, self.dtype) if self.args.compile_decoder else self.vae
         self.pipe = FakeTextPipeline(
-            build_transformer(s.transformer, dev, self.dtype), self.vae, s, dev, self.dtype
+            build_transformer(s.transformer, dev, self.dtype), vae, s, dev, self.dtype
         )
         torch.manual_seed(1)
         self.rollout = SD3RolloutAdapter(self.pipe, device=dev, lora=s.lora)
@@ -231,7 +233,8 @@ class Bench(Float8Stages, MemoryStages):
     def decode_time(self, groups) -> float:
         latents = torch.cat([g.final_latents for g in groups]).to(self.device)
         t: dict[str, float] = {}
-        with self.clock(t, "s"):
+        # no_grad as in the adapter's sample: a compiled decoder's graph is guarded on grad mode
+        with torch.no_grad(), self.clock(t, "s"):
             self.rollout._decode(latents)
         return t["s"]
 
@@ -262,11 +265,19 @@ class Bench(Float8Stages, MemoryStages):
             activation_memory_budget=self.args.activation_memory_budget,
         )
 
+    def compile_rollout(self) -> None:
+        """The rollout's compiled backend (``--rollout-compile-mode``), and its VAE decoder
+        with ``--compile-decoder``."""
+        config = self.compile_config()
+        config = config.replace(mode=self.args.rollout_compile_mode or self.args.compile_mode)
+        self.rollout.compile(config)
+        if self.args.compile_decoder:
+            self.rollout.compile_decoder(config)
+
     def stage_compile_rollout(self) -> None:
         if not hasattr(self, "rollout"):
             self.build_omnirl()
-        mode = self.args.rollout_compile_mode or self.args.compile_mode
-        self.rollout.compile(self.compile_config().replace(mode=mode))
+        self.compile_rollout()
         _, first = self.sample()
         runs = [self.sample() for _ in range(self.args.repeats)]
         self.groups, steady = min(runs, key=lambda r: r[1])

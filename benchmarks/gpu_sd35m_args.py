@@ -30,6 +30,12 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     )
     p.add_argument("--compile-mode", default=None)
     p.add_argument(
+        "--compile-decoder",
+        action="store_true",
+        help="the compiled rollout also compiles its VAE decoder (rollout --compile-decoder); "
+        "the baseline keeps its own eager VAE",
+    )
+    p.add_argument(
         "--rollout-compile-mode",
         default=None,
         help="the rollout's torch.compile mode (default: --compile-mode); 'reduce-overhead' "

@@ -107,8 +107,7 @@ class Float8Stages:
         name the profile ``profile_fp8_best``)."""
         if not hasattr(self, "rollout"):
             self.build_omnirl()
-        mode = self.args.rollout_compile_mode or self.args.compile_mode
-        self.rollout.compile(self.compile_config().replace(mode=mode))
+        self.compile_rollout()
         self.fp8_variant("fp8_static_fast", row="fp8_best")  # no trainer yet: no parity
         self.train.compile(self.compile_config(self.args.train_compile_scope))
         self.train_fp8_variant("train_fp8_static_f8grad", row="train_fp8_best")

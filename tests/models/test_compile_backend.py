@@ -166,3 +166,55 @@ def test_compile_cache_directory_and_artifacts(tmp_path, monkeypatch):
     assert size == 0 or (tmp_path / "artifacts.bin").stat().st_size == size
     (tmp_path / "junk.bin").write_bytes(b"not a cache")
     assert not load_artifacts(tmp_path / "junk.bin")
+
+
+def test_compiled_decoder_gives_eager_images_and_the_worker_compiles_it(
+    tiny_sd3_path, test_device, make_welcome
+):
+    """``compile_decoder`` compiles the VAE decoder whole (one graph a decode batch size); the
+    images are eager's; the worker's ``compile_decoder`` reaches it through the warm-up."""
+    from omnirl.rollout.model import RolloutModel
+
+    eager = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
+    latents = torch.randn(2, 16, 4, 4, generator=torch.Generator().manual_seed(0)).to(test_device)
+    counter = CountingBackend()
+    adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
+    adapter.compile_decoder(CompileConfig(backend=counter))
+    assert is_compiled(adapter.pipeline.vae.decoder) and counter.graphs == 0
+    images = adapter._decode(latents)
+    assert counter.graphs == 1 and images.dtype == torch.uint8
+    assert (images.int() - eager._decode(latents).int()).abs().max() <= 1
+    adapter._decode(latents)
+    assert counter.graphs == 1  # same batch size: no new graph
+    assert not is_compiled(adapter.transformer)  # the denoiser is the adapter's compile()
+
+    welcome = make_welcome(
+        tiny_sd3_path,
+        "StableDiffusion3Pipeline",
+        {"sampling": {"num_steps": 2, "height": 32, "width": 32}},
+    )
+    worker_adapter = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
+    model = RolloutModel(worker_adapter, format="full")
+    model.compile_and_warm_up(welcome, backend="aot_eager", decoder=True)
+    assert is_compiled(worker_adapter.pipeline.vae.decoder)
+    plain = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
+    RolloutModel(plain, format="full").compile_and_warm_up(welcome, backend="aot_eager")
+    assert not is_compiled(plain.pipeline.vae.decoder)
+
+
+def test_a_family_without_a_decoder_says_so():
+    from omnirl.models.base import DiffusionRolloutAdapter
+
+    class NoDecoder(DiffusionRolloutAdapter):
+        from_pretrained = sample = load_weights = None
+
+    with pytest.raises(NotImplementedError, match="NoDecoder has no compiled decoder"):
+        NoDecoder.compile_decoder(object.__new__(NoDecoder), CompileConfig())

@@ -131,6 +131,12 @@ class DiffusionRolloutAdapter(abc.ABC):
         compiled. A family without one raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no compiled backend")
 
+    def compile_decoder(self, config: CompileConfig) -> list[str]:
+        """Compile the image decoder (a VAE's) whole, beside the denoiser's compiled backend:
+        the rollout decodes every image it samples. Same images up to kernel rounding; one
+        graph per decode batch size. A family without one raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no compiled decoder")
+
     def merge_lora(self) -> None:
         """Fold the LoRA adapter into the base weights, now and after every LoRA update
         (:mod:`omnirl.models.lora_merge`). A family without it raises ``NotImplementedError``."""

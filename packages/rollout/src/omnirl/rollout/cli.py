@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         "call; longer to compile)",
     )
     parser.add_argument(
+        "--compile-decoder",
+        action="store_true",
+        help="compile the image decoder (the VAE) too (implies --compile): about 2x faster "
+        "decoding on an H100 at 16 images a call, 1.7x at 4, the images within bf16 "
+        "rounding of eager's; 20 to 30 s more compile per decode batch size",
+    )
+    parser.add_argument(
         "--attention",
         default="default",
         choices=["default", "cudnn", "flash", "efficient", "math"],
@@ -148,10 +155,14 @@ def main(argv: list[str] | None = None) -> int:
             trainer_file=args.trainer_file or "",
             device=args.device,
             dtype=args.dtype,
-            compile=args.compile or args.compile_mode is not None or bool(args.compile_scope),
+            compile=args.compile
+            or args.compile_mode is not None
+            or bool(args.compile_scope)
+            or args.compile_decoder,
             compile_mode=args.compile_mode,
             compile_scope=args.compile_scope or "blocks",
             compile_cache=args.compile_cache,
+            compile_decoder=args.compile_decoder,
             float8=args.float8,
             float8_fast_accum=args.float8_fast_accum,
             float8_recalibrate_every=args.float8_recalibrate_every,

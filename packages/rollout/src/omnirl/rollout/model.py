@@ -149,6 +149,7 @@ class RolloutModel:
         compile_mode: str | None = None,
         compile_scope: str = "blocks",
         compile_cache: str | None = None,
+        compile_decoder: bool = False,
         float8: str | None = None,
         float8_fast_accum: bool = False,
         float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY,
@@ -162,7 +163,8 @@ class RolloutModel:
         (so the first real lease does not wait for compilation), ``compile_scope`` what one
         graph covers (:data:`omnirl.models.compile.COMPILE_SCOPES`). ``compile_cache``: a
         directory shared by workers; its ``artifacts.bin`` (torch's mega-cache) is loaded
-        before compiling and written after the warm-up when absent. ``float8``: the
+        before compiling and written after the warm-up when absent. ``compile_decoder``: the
+        adapter's image decoder compiled too (its ``compile_decoder``). ``float8``: the
         denoiser's block linear layers in float8 with ``"rowwise"`` or ``"static"`` activation
         scales, ``float8_fast_accum`` their accumulation mode (the adapter's
         ``enable_float8``), ``float8_recalibrate_every`` see the class.
@@ -212,6 +214,7 @@ class RolloutModel:
                 scope=compile_scope,
                 cache=compile_cache,
                 capacity=capacity,
+                decoder=compile_decoder,
             )
         return model
 
@@ -224,12 +227,15 @@ class RolloutModel:
         cache: str | None = None,
         capacity: int = 1,
         backend: str = "inductor",
+        decoder: bool = False,
     ) -> float:
         """Compile the adapter and sample one throw-away lease of the run's shapes; returns
         the seconds it took (compilation included). Static float8 scales calibrated on that
         lease's stand-in prompt are dropped again: the first real lease calibrates them
         (a stand-in prompt's inputs can be half a real prompt's, and real ones would
-        saturate). ``backend``: torch.compile's (``"aot_eager"`` traces without inductor)."""
+        saturate). ``backend``: torch.compile's (``"aot_eager"`` traces without inductor).
+        ``decoder``: the image decoder compiled too; the warm-up lease compiles it when the run
+        records images (otherwise the first lease that decodes does)."""
         from omnirl.models.compile import CompileConfig, regional_scope
         from omnirl.models.compile_cache import load_artifacts, save_artifacts
 
@@ -237,11 +243,12 @@ class RolloutModel:
         if artifacts is not None and artifacts.is_file():
             load_artifacts(artifacts)
         start = time.perf_counter()
-        self.adapter.compile(
-            CompileConfig(
-                mode=mode, backend=backend, cache_dir=cache, regional=regional_scope(scope)
-            )
+        config = CompileConfig(
+            mode=mode, backend=backend, cache_dir=cache, regional=regional_scope(scope)
         )
+        self.adapter.compile(config)
+        if decoder:
+            self.adapter.compile_decoder(config)
         prompts, sampling = warmup_lease(welcome, capacity=capacity)
         # a first call that calibrates float8 scales runs eagerly: the second one compiles
         calibrates = self.adapter.float8_needs_calibration()

@@ -68,6 +68,7 @@ class RolloutWorkerConfig:
     compile_mode: str | None = None  # torch.compile mode; "reduce-overhead": CUDA graphs
     compile_scope: str = "blocks"  # "blocks" | "whole" (omnirl.models.compile.COMPILE_SCOPES)
     compile_cache: str | None = None  # persistent compile cache directory (shared by workers)
+    compile_decoder: bool = False  # with compile: the image decoder (VAE) compiled too
     float8: str | None = (
         None  # block linears in float8: "rowwise" | "static" (omnirl.models.float8)
     )
@@ -214,6 +215,7 @@ class RolloutWorker:
                     compile_mode=cfg.compile_mode,
                     compile_scope=cfg.compile_scope,
                     compile_cache=cfg.compile_cache,
+                    compile_decoder=cfg.compile_decoder,
                     float8=cfg.float8,
                     float8_fast_accum=cfg.float8_fast_accum,
                     float8_recalibrate_every=cfg.float8_recalibrate_every,

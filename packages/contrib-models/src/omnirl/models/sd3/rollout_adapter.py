@@ -116,6 +116,13 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         self.backend = "compiled"
         return names
 
+    def compile_decoder(self, config: CompileConfig) -> list[str]:
+        """Compile the VAE decoder whole (``config.regional`` does not apply: it has no
+        repeated blocks). Its convolutions then run in the layout inductor picks (channels
+        last) with GroupNorm and activations fused, where eager converts the layout around
+        every convolution (``benchmarks/vae_decode_probe.py``)."""
+        return compile_module(self.pipeline.vae.decoder, config.replace(regional=False))
+
     def merge_lora(self) -> None:
         """Run the LoRA adapter folded into the base weights (:mod:`omnirl.models.lora_merge`):
         now if one exists, and after every LoRA update from here on (including the update
