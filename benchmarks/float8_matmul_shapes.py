@@ -1,0 +1,164 @@
+"""The float8 matmuls of the SD3.5-Medium step, shape by shape: where cuBLAS falls short.
+
+The eighteenth GPU session's max-autotune log timed cuBLAS's row-wise scaled e4m3 matmul
+(what every float8 layer calls, `omnirl.models.float8.scaled_matmul`, fast accumulation) at
+each of the step's shapes: the text stream's 10,656 rows (a micro-batch of 16 with CFG x 333
+tokens) x 1,536 -> 1,536 took 0.105 ms, 480 TFLOP/s, where the image stream's three times
+larger 32,768-row one took 0.120 (1,290 TFLOP/s) and the text stream's 1,536 -> 6,144 ran at
+1,350. The text stream's q, k, v and out projections make about 280 such calls a micro-batch
+(forward, reference pass, input gradient) and as many a rollout forward. Two ways out, timed
+here beside the shapes as they are, so the next change is chosen on a measurement:
+
+- `fused`: q, k and v as one 1,536 -> 4,608 matmul (one input quantisation, one kernel)
+  against three 1,536 -> 1,536 ones;
+- `padded`: the rows padded to a multiple of 256 (10,656 -> 10,752) in case cuBLAS's
+  choice for the odd row count is what is slow (a padded call does more work: it pays when
+  its `speedup` over the plain call is above 1).
+
+Rows (`--rows`): 32,768 and 10,656 (micro-batch 16, image and text tokens), 16,384 and 5,328
+(micro-batch 8), and each text count padded. Shapes (in -> out): 1,536 -> 1,536 (q, k, v, out;
+their input gradients), 1,536 -> 4,608 (fused q, k, v), 1,536 -> 6,144 (feed-forward up; the
+down projection's input gradient), 6,144 -> 1,536 (feed-forward down; the up projection's
+input gradient). Each row of the output: ms, TFLOP/s; then per row count, three separate
+1,536 -> 1,536 calls against one fused, and each text row count against its padded one.
+
+    python benchmarks/float8_matmul_shapes.py --device cuda --out $OUT/matmuls
+    python benchmarks/float8_matmul_shapes.py --tiny      # a CPU dry run (emulated float8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = ((1536, 1536), (1536, 4608), (1536, 6144), (6144, 1536))  # (in, out)
+ROWS = "32768,10656,10752,16384,5328,5376"
+TINY_SHAPES = ((32, 32), (32, 96), (32, 128), (128, 32))
+TINY_ROWS = "256,80"
+PAD = 256  # the padded row counts are multiples of this
+
+
+def _sync(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def _time(fn, device: torch.device, seconds: float) -> float:
+    """Seconds per call: three warm-up calls, then batches of ten until ``seconds`` pass."""
+    for _ in range(3):
+        fn()
+    _sync(device)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or calls < 10:
+        for _ in range(10):
+            fn()
+        calls += 10
+        _sync(device)
+    return (time.perf_counter() - start) / calls
+
+
+def time_shape(rows: int, k: int, n: int, device, seconds: float) -> dict:
+    """One ``scaled_matmul`` as a float8 layer calls it: e4m3 ``[rows, k]`` with row scales
+    against a column-major e4m3 weight ``[k, n]`` with column scales, bf16 out."""
+    from omnirl.models.float8 import FLOAT8, scaled_matmul
+
+    gen = torch.Generator(device="cpu").manual_seed(rows * 7 + k + n)
+    a = torch.randn(rows, k, generator=gen).to(device=device, dtype=FLOAT8)
+    b = torch.randn(n, k, generator=gen).to(device=device, dtype=FLOAT8).t()  # column-major
+    scale_a = torch.full((rows, 1), 0.01, device=device)
+    scale_b = torch.full((1, n), 0.01, device=device)
+    fast = device.type == "cuda"  # the CPU emulation has no fast accumulation mode
+    seconds_per = _time(lambda: scaled_matmul(a, b, scale_a, scale_b, fast), device, seconds)
+    flops = 2.0 * rows * k * n
+    return {
+        "stage": "matmul",
+        "rows": rows,
+        "in": k,
+        "out": n,
+        "ms": round(seconds_per * 1e3, 4),
+        "tflops": round(flops / seconds_per / 1e12, 1),
+    }
+
+
+def _ms(rows: list[dict], m: int, k: int, n: int) -> float | None:
+    return next((r["ms"] for r in rows if (r["rows"], r["in"], r["out"]) == (m, k, n)), None)
+
+
+def comparisons(rows: list[dict], shapes, row_counts: list[int]) -> list[dict]:
+    """Three separate square projections against one fused (per row count), and each row
+    count that is not a multiple of :data:`PAD` against the next multiple, when it was timed
+    (``speedup``: the plain call's ms over the padded one's)."""
+    (k, n), (_, fused_n) = shapes[0], shapes[1]
+    out = []
+    for m in row_counts:
+        separate, fused = _ms(rows, m, k, n), _ms(rows, m, k, fused_n)
+        if separate and fused:
+            out.append(
+                {
+                    "stage": "qkv_fused",
+                    "rows": m,
+                    "separate_ms": round(3 * separate, 4),
+                    "fused_ms": fused,
+                    "speedup": round(3 * separate / fused, 3),
+                }
+            )
+    for m in row_counts:
+        padded = -(-m // PAD) * PAD
+        if padded == m or padded not in row_counts:
+            continue
+        for k_, n_ in shapes:
+            plain, pad = _ms(rows, m, k_, n_), _ms(rows, padded, k_, n_)
+            if plain and pad:
+                out.append(
+                    {
+                        "stage": "padded",
+                        "rows": m,
+                        "padded_rows": padded,
+                        "in": k_,
+                        "out": n_,
+                        "ms": plain,
+                        "padded_ms": pad,
+                        "speedup": round(plain / pad, 3),
+                    }
+                )
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="toy sizes, for CPU tests")
+    p.add_argument("--rows", default=None, help=f"comma-separated row counts (default {ROWS})")
+    p.add_argument("--seconds", type=float, default=0.3, help="timing per shape")
+    p.add_argument("--out", default=None, help="directory for float8_matmul_shapes.jsonl")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    shapes = TINY_SHAPES if args.tiny else SHAPES
+    row_counts = [int(r) for r in (args.rows or (TINY_ROWS if args.tiny else ROWS)).split(",")]
+    rows = []
+    for m in row_counts:
+        for k, n in shapes:
+            row = time_shape(m, k, n, device, args.seconds)
+            rows.append(row)
+            print("RESULT", json.dumps(row), flush=True)
+    for row in comparisons(rows, shapes, row_counts):
+        rows.append(row)
+        print("RESULT", json.dumps(row), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        env = {"stage": "env", "torch": torch.__version__, "device": str(device)}
+        if device.type == "cuda":
+            env["gpu"] = torch.cuda.get_device_name()
+        lines = [json.dumps(r) for r in [env, *rows]]
+        (out / "float8_matmul_shapes.jsonl").write_text("\n".join(lines) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
