@@ -169,7 +169,7 @@ def test_compile_cache_directory_and_artifacts(tmp_path, monkeypatch):
 
 
 def test_compiled_decoder_gives_eager_images_and_the_worker_compiles_it(
-    tiny_sd3_path, test_device, make_welcome
+    tiny_sd3_path, test_device, make_welcome, monkeypatch
 ):
     """``compile_decoder`` compiles the VAE decoder whole (one graph a decode batch size); the
     images are eager's; the worker's ``compile_decoder`` reaches it through the warm-up."""
@@ -191,6 +191,18 @@ def test_compiled_decoder_gives_eager_images_and_the_worker_compiles_it(
     adapter._decode(latents)
     assert counter.graphs == 1  # same batch size: no new graph
     assert not is_compiled(adapter.transformer)  # the denoiser is the adapter's compile()
+    graphed = SD3RolloutAdapter.from_pretrained(
+        tiny_sd3_path, device=test_device, max_sequence_length=16
+    )
+    calls = []
+    monkeypatch.setattr(
+        "omnirl.models.sd3.rollout_adapter.compile_module",
+        lambda module, config: calls.append(config.mode) or [],
+    )
+    graphed.compile_decoder(CompileConfig(mode="reduce-overhead"))
+    graphed.compile_decoder(CompileConfig(mode="max-autotune-no-cudagraphs"))
+    assert calls == [None, "max-autotune-no-cudagraphs"]  # never CUDA graphs for the decoder
+    monkeypatch.undo()
 
     welcome = make_welcome(
         tiny_sd3_path,

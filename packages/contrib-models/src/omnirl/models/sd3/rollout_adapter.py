@@ -120,8 +120,10 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         """Compile the VAE decoder whole (``config.regional`` does not apply: it has no
         repeated blocks). Its convolutions then run in the layout inductor picks (channels
         last) with GroupNorm and activations fused, where eager converts the layout around
-        every convolution (``benchmarks/vae_decode_probe.py``)."""
-        return compile_module(self.pipeline.vae.decoder, config.replace(regional=False))
+        every convolution (``benchmarks/vae_decode_probe.py``). Never with CUDA graphs: a
+        decode is a few large kernels, and its graph would share the denoiser's graph tree."""
+        mode = None if config.cudagraphs else config.mode
+        return compile_module(self.pipeline.vae.decoder, config.replace(regional=False, mode=mode))
 
     def merge_lora(self) -> None:
         """Run the LoRA adapter folded into the base weights (:mod:`omnirl.models.lora_merge`):
