@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,26 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cudnn_fp8_attention import quantize_e4m3
-
-
-def _time(fn: Callable[[], object], device: torch.device, seconds: float) -> float:
-    """Seconds per call of ``fn``: three warm-up calls, then whole batches of five until
-    ``seconds`` have passed."""
-    for _ in range(3):
-        fn()
-    _sync(device)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or calls < 5:
-        for _ in range(5):
-            fn()
-        calls += 5
-        _sync(device)
-    return (time.perf_counter() - start) / calls
-
-
-def _sync(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
+from probe_timing import seconds_per_call as _time
 
 
 def _sdpa(backend):

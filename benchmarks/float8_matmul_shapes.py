@@ -31,35 +31,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from probe_timing import seconds_per_call
 
 SHAPES = ((1536, 1536), (1536, 4608), (1536, 6144), (6144, 1536))  # (in, out)
 ROWS = "32768,10656,10752,16384,5328,5376"
 TINY_SHAPES = ((32, 32), (32, 96), (32, 128), (128, 32))
 TINY_ROWS = "256,80"
 PAD = 256  # the padded row counts are multiples of this
-
-
-def _sync(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-
-
-def _time(fn, device: torch.device, seconds: float) -> float:
-    """Seconds per call: three warm-up calls, then batches of ten until ``seconds`` pass."""
-    for _ in range(3):
-        fn()
-    _sync(device)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or calls < 10:
-        for _ in range(10):
-            fn()
-        calls += 10
-        _sync(device)
-    return (time.perf_counter() - start) / calls
 
 
 def time_shape(rows: int, k: int, n: int, device, seconds: float) -> dict:
@@ -73,7 +57,9 @@ def time_shape(rows: int, k: int, n: int, device, seconds: float) -> dict:
     scale_a = torch.full((rows, 1), 0.01, device=device)
     scale_b = torch.full((1, n), 0.01, device=device)
     fast = device.type == "cuda"  # the CPU emulation has no fast accumulation mode
-    seconds_per = _time(lambda: scaled_matmul(a, b, scale_a, scale_b, fast), device, seconds)
+    seconds_per = seconds_per_call(
+        lambda: scaled_matmul(a, b, scale_a, scale_b, fast), device, seconds, batch=10, min_calls=10
+    )
     flops = 2.0 * rows * k * n
     return {
         "stage": "matmul",

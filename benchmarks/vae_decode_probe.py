@@ -39,26 +39,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_sd35m_setup import SD3_VAE, TINY_VAE, build_vae
+from probe_timing import seconds_per_call, sync
 
 VARIANTS = ("eager", "channels_last", "compiled", "compiled_channels_last")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-
-
-def _time(fn, device: torch.device, seconds: float) -> float:
-    """Seconds per call: two warm-up calls, then calls until ``seconds`` have passed (>= 3)."""
-    for _ in range(2):
-        fn()
-    _sync(device)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or calls < 3:
-        fn()
-        calls += 1
-    _sync(device)
-    return (time.perf_counter() - start) / calls
 
 
 def variant_vae(name: str, config: dict, device, dtype, backend: str):
@@ -87,9 +70,15 @@ def measure(vae, z: torch.Tensor, device, seconds: float) -> tuple[torch.Tensor,
     with torch.no_grad():
         start = time.perf_counter()
         images = vae_decode(vae, z)
-        _sync(device)
+        sync(device)
         first = time.perf_counter() - start
-        return images, first, _time(lambda: vae_decode(vae, z), device, seconds)
+        return (
+            images,
+            first,
+            seconds_per_call(
+                lambda: vae_decode(vae, z), device, seconds, warmup=2, batch=1, min_calls=3
+            ),
+        )
 
 
 def run(args) -> list[dict]:
