@@ -28,6 +28,28 @@ _KINDS = (
 )
 
 
+# Inductor's own kernels by what their names say they fuse (first match wins; names list the
+# fused ops, so this is a reading of the name, not of the code): the row-wise quantisation of
+# a float8 input gradient (a row maximum before the cast), a layer or RMS norm (forward or
+# backward), GELU (forward or backward), the static quantisation of a float8 input, the
+# attention's q / k / v layout (concatenating the two streams), and the rest.
+_TRITON_PARTS = (
+    ("rowwise_quantize", re.compile(r"amax")),
+    ("norm", re.compile(r"layer_norm|rsqrt|_pow_|mean")),
+    ("gelu", re.compile(r"gelu")),
+    ("static_quantize", re.compile(r"_scaled_mm|clamp")),
+    ("attention_layout", re.compile(r"cat|transpose")),
+)
+
+
+def triton_part_of(name: str) -> str | None:
+    """What an inductor kernel ``name`` fuses, by :data:`_TRITON_PARTS` (``"other"`` when
+    none matches); ``None`` for a kernel that is not inductor's element-wise kind."""
+    if kind_of(name) != "triton":
+        return None
+    return next((part for part, pattern in _TRITON_PARTS if pattern.search(name)), "other")
+
+
 def kind_of(name: str) -> str:
     for kind, pattern in _KINDS:
         if pattern.search(name):
@@ -36,7 +58,8 @@ def kind_of(name: str) -> str:
 
 
 def profile_kernels(device: torch.device, fn: Callable[[], object], *, top: int = 8) -> dict:
-    """Run ``fn`` once under the profiler; return ms and share per kind, kernel count, and
+    """Run ``fn`` once under the profiler; return ms and share per kind, kernel count, the
+    inductor kernels' ms by what they fuse (``triton_parts_ms``, :func:`triton_part_of`), and
     the ``top`` kernels by time (name cut to 90 characters)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -47,12 +70,16 @@ def profile_kernels(device: torch.device, fn: Callable[[], object], *, top: int 
         if cuda:
             torch.cuda.synchronize(device)
     by_kind: dict[str, float] = {}
+    by_part: dict[str, float] = {}
     kernels: list[tuple[float, str, int]] = []
     for event in prof.key_averages():
         us = float(event.self_device_time_total if cuda else event.self_cpu_time_total)
         if us <= 0:
             continue
         by_kind[kind_of(event.key)] = by_kind.get(kind_of(event.key), 0.0) + us
+        part = triton_part_of(event.key)
+        if part is not None:
+            by_part[part] = by_part.get(part, 0.0) + us
         kernels.append((us, event.key, int(event.count)))
     total = sum(by_kind.values()) or 1.0
     kernels.sort(reverse=True)
@@ -61,5 +88,6 @@ def profile_kernels(device: torch.device, fn: Callable[[], object], *, top: int 
         "launches": sum(n for _, _, n in kernels),
         **{f"{k}_ms": round(v / 1e3, 2) for k, v in sorted(by_kind.items())},
         **{f"{k}_share": round(v / total, 3) for k, v in sorted(by_kind.items())},
+        "triton_parts_ms": {k: round(v / 1e3, 2) for k, v in sorted(by_part.items())},
         "top": [f"{us / 1e3:.2f} ms x{n} {name[:90]}" for us, name, n in kernels[:top]],
     }

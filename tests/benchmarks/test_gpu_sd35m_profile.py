@@ -27,3 +27,39 @@ import pytest
 )
 def test_kernels_are_sorted_by_name(benchmark_script, name, kind):
     assert benchmark_script("gpu_sd35m_profile").kind_of(name) == kind
+
+
+@pytest.mark.parametrize(
+    ("name", "part"),
+    [
+        # names from the eighteenth session's H100 profile of the float8 step
+        (
+            "triton_red_fused__scaled_mm__to_copy_abs_add_amax_clamp_div_gelu_gelu_backward_t_5",
+            "rowwise_quantize",
+        ),
+        (
+            "triton_red_fused__to_copy_add_mul_native_layer_norm_native_layer_norm_backward_sp",
+            "norm",
+        ),
+        ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norm"),
+        ("triton_poi_fused__scaled_mm__to_copy_add_clamp_clone_div_expand_gelu_t_view_17", "gelu"),
+        ("triton_poi_fused__scaled_mm__to_copy_clamp_div_3", "static_quantize"),
+        ("triton_poi_fused__to_copy__unsafe_view_add_cat_mul_transpose_view_8", "attention_layout"),
+        ("triton_poi_fused__to_copy_add_mul_split_unsqueeze_view_18", "other"),
+        # not inductor's element-wise kind: no part
+        ("triton_tem_fused_mm_0", None),
+        ("nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_TNT", None),
+    ],
+)
+def test_inductor_kernels_are_split_by_what_they_fuse(benchmark_script, name, part):
+    assert benchmark_script("gpu_sd35m_profile").triton_part_of(name) == part
+
+
+def test_the_profile_reports_the_parts(benchmark_script, torch_one_thread):
+    import torch
+
+    profile = benchmark_script("gpu_sd35m_profile")
+    x = torch.randn(64, 64)
+    row = profile.profile_kernels(torch.device("cpu"), lambda: (x @ x).relu().sum())
+    assert row["triton_parts_ms"] == {}  # no inductor kernel ran on the CPU's eager ops
+    assert row["total_ms"] > 0 and row["matmul_ms"] > 0
