@@ -4,15 +4,16 @@ every shape timed, the fused and padded comparisons built from the timed rows.""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import float8_matmul_shapes as probe
+import pytest
 
 
-def test_every_shape_is_timed_and_compared(tmp_path, torch_one_thread):
+@pytest.fixture
+def probe(benchmark_script):
+    return benchmark_script("float8_matmul_shapes")
+
+
+def test_every_shape_is_timed_and_compared(probe, tmp_path, torch_one_thread):
     rows = probe.main(["--tiny", "--device", "cpu", "--seconds", "0", "--out", str(tmp_path)])
     timed = [(r["rows"], r["in"], r["out"]) for r in rows if r["stage"] == "matmul"]
     assert timed == [(m, k, n) for m in (256, 80) for k, n in probe.TINY_SHAPES]
@@ -29,7 +30,7 @@ def test_every_shape_is_timed_and_compared(tmp_path, torch_one_thread):
     assert json.loads(lines[0])["stage"] == "env" and len(lines) == 1 + len(rows)
 
 
-def test_comparisons_pair_only_timed_shapes():
+def test_comparisons_pair_only_timed_shapes(probe):
     rows = [
         {"stage": "matmul", "rows": 100, "in": 4, "out": 4, "ms": 1.0},
         {"stage": "matmul", "rows": 100, "in": 4, "out": 12, "ms": 2.0},

@@ -4,17 +4,16 @@ images compared with eager's and, in bf16, with a float32 decode of the same lat
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import vae_decode_probe
+@pytest.fixture
+def vae_decode_probe(benchmark_script):
+    return benchmark_script("vae_decode_probe")
 
 
-def test_every_variant_is_timed_and_compared(tmp_path, torch_one_thread):
+def test_every_variant_is_timed_and_compared(vae_decode_probe, tmp_path, torch_one_thread):
     rows = vae_decode_probe.main(
         [
             "--tiny",
@@ -45,6 +44,6 @@ def test_every_variant_is_timed_and_compared(tmp_path, torch_one_thread):
     assert json.loads(lines[0])["stage"] == "env" and len(lines) == 1 + len(rows)
 
 
-def test_an_unknown_variant_is_refused():
+def test_an_unknown_variant_is_refused(vae_decode_probe):
     with pytest.raises(SystemExit, match="unknown variants \\['fused'\\]"):
         vae_decode_probe.main(["--tiny", "--variants", "eager,fused"])
