@@ -169,7 +169,7 @@ def test_compile_cache_directory_and_artifacts(tmp_path, monkeypatch):
 
 
 def test_compiled_decoder_gives_eager_images_and_the_worker_compiles_it(
-    tiny_sd3_path, test_device, make_welcome, monkeypatch
+    tiny_sd3_path, test_device, make_welcome, monkeypatch, caplog
 ):
     """``compile_decoder`` compiles the VAE decoder whole (one graph a decode batch size); the
     images are eager's; the worker's ``compile_decoder`` reaches it through the warm-up."""
@@ -213,8 +213,10 @@ def test_compiled_decoder_gives_eager_images_and_the_worker_compiles_it(
         tiny_sd3_path, device=test_device, max_sequence_length=16
     )
     model = RolloutModel(worker_adapter, format="full")
-    model.compile_and_warm_up(welcome, backend="aot_eager", decoder=True)
+    with caplog.at_level("INFO", logger="omnirl.rollout"):
+        model.compile_and_warm_up(welcome, backend="aot_eager", decoder=True)
     assert is_compiled(worker_adapter.pipeline.vae.decoder)
+    assert "the image decoder is compiled too" in caplog.text
     plain = SD3RolloutAdapter.from_pretrained(
         tiny_sd3_path, device=test_device, max_sequence_length=16
     )

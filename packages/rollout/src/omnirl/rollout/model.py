@@ -249,6 +249,7 @@ class RolloutModel:
         self.adapter.compile(config)
         if decoder:
             self.adapter.compile_decoder(config)
+            log.info("the image decoder is compiled too (one graph per decode batch size)")
         prompts, sampling = warmup_lease(welcome, capacity=capacity)
         # a first call that calibrates float8 scales runs eagerly: the second one compiles
         calibrates = self.adapter.float8_needs_calibration()
