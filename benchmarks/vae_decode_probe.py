@@ -13,8 +13,8 @@ fp8_best rollout's and the loop's `--decode-batch 4`):
 
 - `eager`: what runs now (the baseline of every ratio);
 - `channels_last`: the VAE's weights and the latents in channels-last memory;
-- `compiled`: the decoder compiled whole (`SD3RolloutAdapter.compile_decoder`'s path:
-  `omnirl.models.compile.compile_module` on `vae.decoder`);
+- `compiled`: the decoder compiled whole (`omnirl.models.sd3.encoder.compile_vae_decoder`,
+  what `SD3RolloutAdapter.compile_decoder` and `rollout --compile-decoder` run);
 - `compiled_channels_last`: both.
 
 Each row has ms per image, the ratio against `eager`, the compile time, and how far its
@@ -46,13 +46,14 @@ VARIANTS = ("eager", "channels_last", "compiled", "compiled_channels_last")
 
 def variant_vae(name: str, config: dict, device, dtype, backend: str):
     """A fresh VAE (same seed, same weights) set up as variant ``name``."""
-    from omnirl.models.compile import CompileConfig, compile_module
+    from omnirl.models.compile import CompileConfig
+    from omnirl.models.sd3.encoder import compile_vae_decoder
 
     vae = build_vae(config, device, dtype)
     if "channels_last" in name:
         vae.to(memory_format=torch.channels_last)
     if name.startswith("compiled"):
-        compile_module(vae.decoder, CompileConfig(backend=backend, regional=False))
+        compile_vae_decoder(vae, CompileConfig(backend=backend))
     return vae
 
 

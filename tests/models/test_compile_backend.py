@@ -196,7 +196,7 @@ def test_compiled_decoder_gives_eager_images_and_the_worker_compiles_it(
     )
     calls = []
     monkeypatch.setattr(
-        "omnirl.models.sd3.rollout_adapter.compile_module",
+        "omnirl.models.sd3.encoder.compile_module",
         lambda module, config: calls.append(config.mode) or [],
     )
     graphed.compile_decoder(CompileConfig(mode="reduce-overhead"))

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from omnirl.models.base import SampleEncoder
+from omnirl.models.compile import CompileConfig, compile_module
 from omnirl.models.sd3.step import SD3Conditioning
 
 CONDITIONING_FIELDS = (
@@ -77,6 +78,16 @@ def vae_decode(vae, latents: Tensor) -> Tensor:
     image = vae.decode(z.to(vae.dtype), return_dict=False)[0].to(torch.float32)
     image = ((image / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
     return image.permute(0, 2, 3, 1).contiguous().cpu()
+
+
+def compile_vae_decoder(vae, config: CompileConfig) -> list[str]:
+    """Compile ``vae.decoder`` whole, in place (``config.regional`` does not apply: it has no
+    repeated blocks), for :func:`vae_decode`. Its convolutions then run in the layout inductor
+    picks (channels last) with each GroupNorm and activation fused, where eager converts the
+    layout around every convolution (``benchmarks/vae_decode_probe.py``). Never with CUDA
+    graphs: a decode is a few large kernels, and its graph would share the denoiser's tree."""
+    mode = None if config.cudagraphs else config.mode
+    return compile_module(vae.decoder, config.replace(regional=False, mode=mode))
 
 
 def vae_encode(vae, images: Tensor) -> Tensor:

@@ -53,7 +53,12 @@ from omnirl.models.schedulers import (
     per_sample_noise,
     window_mask,
 )
-from omnirl.models.sd3.encoder import default_max_sequence_length, encode_sd3_prompts, vae_decode
+from omnirl.models.sd3.encoder import (
+    compile_vae_decoder,
+    default_max_sequence_length,
+    encode_sd3_prompts,
+    vae_decode,
+)
 from omnirl.models.sd3.lora import add_lora
 from omnirl.models.sd3.sampling_rules import check_sd3_sampling
 from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
@@ -117,13 +122,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         return names
 
     def compile_decoder(self, config: CompileConfig) -> list[str]:
-        """Compile the VAE decoder whole (``config.regional`` does not apply: it has no
-        repeated blocks). Its convolutions then run in the layout inductor picks (channels
-        last) with GroupNorm and activations fused, where eager converts the layout around
-        every convolution (``benchmarks/vae_decode_probe.py``). Never with CUDA graphs: a
-        decode is a few large kernels, and its graph would share the denoiser's graph tree."""
-        mode = None if config.cudagraphs else config.mode
-        return compile_module(self.pipeline.vae.decoder, config.replace(regional=False, mode=mode))
+        """The VAE decoder compiled whole (:func:`compile_vae_decoder`)."""
+        return compile_vae_decoder(self.pipeline.vae, config)
 
     def merge_lora(self) -> None:
         """Run the LoRA adapter folded into the base weights (:mod:`omnirl.models.lora_merge`):
