@@ -58,9 +58,7 @@ def kind_of(name: str) -> str:
 
 
 def profile_kernels(device: torch.device, fn: Callable[[], object], *, top: int = 8) -> dict:
-    """Run ``fn`` once under the profiler; return ms and share per kind, kernel count, the
-    inductor kernels' ms by what they fuse (``triton_parts_ms``, :func:`triton_part_of`), and
-    the ``top`` kernels by time (name cut to 90 characters)."""
+    """Run ``fn`` once under the profiler; return :func:`summarize_kernels` of what ran."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.device(device).type == "cuda"
@@ -69,20 +67,26 @@ def profile_kernels(device: torch.device, fn: Callable[[], object], *, top: int 
         fn()
         if cuda:
             torch.cuda.synchronize(device)
-    by_kind: dict[str, float] = {}
-    by_part: dict[str, float] = {}
-    kernels: list[tuple[float, str, int]] = []
+    kernels = []
     for event in prof.key_averages():
         us = float(event.self_device_time_total if cuda else event.self_cpu_time_total)
-        if us <= 0:
-            continue
-        by_kind[kind_of(event.key)] = by_kind.get(kind_of(event.key), 0.0) + us
-        part = triton_part_of(event.key)
+        kernels.append((us, event.key, int(event.count)))
+    return summarize_kernels(kernels, top=top)
+
+
+def summarize_kernels(kernels: list[tuple[float, str, int]], *, top: int = 8) -> dict:
+    """``kernels``: (microseconds, name, calls) each. Returns ms and share per kind, kernel
+    count, the inductor kernels' ms by what they fuse (``triton_parts_ms``,
+    :func:`triton_part_of`), and the ``top`` kernels by time (name cut to 90 characters)."""
+    kernels = sorted((k for k in kernels if k[0] > 0), reverse=True)
+    by_kind: dict[str, float] = {}
+    by_part: dict[str, float] = {}
+    for us, name, _ in kernels:
+        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + us
+        part = triton_part_of(name)
         if part is not None:
             by_part[part] = by_part.get(part, 0.0) + us
-        kernels.append((us, event.key, int(event.count)))
     total = sum(by_kind.values()) or 1.0
-    kernels.sort(reverse=True)
     return {
         "total_ms": round(total / 1e3, 2),
         "launches": sum(n for _, _, n in kernels),

@@ -55,11 +55,29 @@ def test_inductor_kernels_are_split_by_what_they_fuse(benchmark_script, name, pa
     assert benchmark_script("gpu_sd35m_profile").triton_part_of(name) == part
 
 
-def test_the_profile_reports_the_parts(benchmark_script, torch_one_thread):
+def test_the_summary_adds_each_part_and_kind(benchmark_script):
+    """Kernel times as the H100 profile of the float8 step reported them (ms, calls)."""
+    summary = benchmark_script("gpu_sd35m_profile").summarize_kernels(
+        [
+            (1_286_720.0, "nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_TNT", 9009),
+            (134_100.0, "triton_red_fused__scaled_mm__to_copy_abs_add_amax_clamp_div_gelu_5", 207),
+            (59_690.0, "triton_red_fused__scaled_mm__to_copy_abs_add_amax_expand_mul_pow_t", 216),
+            (60_930.0, "triton_red_fused__to_copy_add_mul_native_layer_norm_backward_split", 108),
+            (37_150.0, "triton_poi_fused__to_copy_add_mul_split_unsqueeze_view_18", 234),
+            (0.0, "triton_poi_fused_never_ran_0", 1),  # no time: left out
+        ],
+        top=2,
+    )
+    assert summary["triton_parts_ms"] == {"norm": 60.93, "other": 37.15, "rowwise_quantize": 193.79}
+    assert summary["triton_ms"] == 291.87 and summary["matmul_ms"] == 1286.72
+    assert summary["total_ms"] == 1578.59 and summary["launches"] == 9009 + 207 + 216 + 108 + 234
+    assert summary["top"][0].startswith("1286.72 ms x9009 nvjet") and len(summary["top"]) == 2
+
+
+def test_the_profiler_is_summarised_on_the_cpu(benchmark_script, torch_one_thread):
     import torch
 
     profile = benchmark_script("gpu_sd35m_profile")
     x = torch.randn(64, 64)
     row = profile.profile_kernels(torch.device("cpu"), lambda: (x @ x).relu().sum())
-    assert row["triton_parts_ms"] == {}  # no inductor kernel ran on the CPU's eager ops
-    assert row["total_ms"] > 0 and row["matmul_ms"] > 0
+    assert row["total_ms"] > 0 and row["matmul_ms"] > 0 and row["launches"] >= 3
