@@ -10,7 +10,8 @@ larger 32,768-row one took 0.120 (1,290 TFLOP/s) and the text stream's 1,536 -> 
 here beside the shapes as they are, so the next change is chosen on a measurement:
 
 - `fused`: q, k and v as one 1,536 -> 4,608 matmul (one input quantisation, one kernel)
-  against three 1,536 -> 1,536 ones;
+  against three 1,536 -> 1,536 ones; and their input gradient as one 4,608 -> 1,536 matmul
+  (``dx = [dq dk dv] @ [Wq; Wk; Wv]``) against three 1,536 -> 1,536 ones and their sum;
 - `padded`: the rows padded to a multiple of 256 (10,656 -> 10,752) in case cuBLAS's
   choice for the odd row count is what is slow (a padded call does more work: it pays when
   its `speedup` over the plain call is above 1).
@@ -19,7 +20,7 @@ Rows (`--rows`): 32,768 and 10,656 (micro-batch 16, image and text tokens), 16,3
 (micro-batch 8), and each text count padded. Shapes (in -> out): 1,536 -> 1,536 (q, k, v, out;
 their input gradients), 1,536 -> 4,608 (fused q, k, v), 1,536 -> 6,144 (feed-forward up; the
 down projection's input gradient), 6,144 -> 1,536 (feed-forward down; the up projection's
-input gradient). Each row of the output: ms, TFLOP/s; then per row count, three separate
+input gradient), 4,608 -> 1,536 (the fused q, k, v's input gradient). Each row of the output: ms, TFLOP/s; then per row count, three separate
 1,536 -> 1,536 calls against one fused, and each text row count against its padded one.
 
     python benchmarks/float8_matmul_shapes.py --device cuda --out $OUT/matmuls
@@ -39,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from probe_timing import seconds_per_call
 
-SHAPES = ((1536, 1536), (1536, 4608), (1536, 6144), (6144, 1536))  # (in, out)
+SHAPES = ((1536, 1536), (1536, 4608), (1536, 6144), (6144, 1536), (4608, 1536))  # (in, out)
 ROWS = "32768,10656,10752,16384,5328,5376"
-TINY_SHAPES = ((32, 32), (32, 96), (32, 128), (128, 32))
+TINY_SHAPES = ((32, 32), (32, 96), (32, 128), (128, 32), (96, 32))
 TINY_ROWS = "256,80"
 PAD = 256  # the padded row counts are multiples of this
 
@@ -82,17 +83,21 @@ def comparisons(rows: list[dict], shapes, row_counts: list[int]) -> list[dict]:
     (k, n), (_, fused_n) = shapes[0], shapes[1]
     out = []
     for m in row_counts:
-        separate, fused = _ms(rows, m, k, n), _ms(rows, m, k, fused_n)
-        if separate and fused:
-            out.append(
-                {
-                    "stage": "qkv_fused",
-                    "rows": m,
-                    "separate_ms": round(3 * separate, 4),
-                    "fused_ms": fused,
-                    "speedup": round(3 * separate / fused, 3),
-                }
-            )
+        separate = _ms(rows, m, k, n)
+        for stage, fused in (
+            ("qkv_fused", _ms(rows, m, k, fused_n)),
+            ("qkv_fused_input_grad", _ms(rows, m, fused_n, k)),
+        ):
+            if separate and fused:
+                out.append(
+                    {
+                        "stage": stage,
+                        "rows": m,
+                        "separate_ms": round(3 * separate, 4),
+                        "fused_ms": fused,
+                        "speedup": round(3 * separate / fused, 3),
+                    }
+                )
     for m in row_counts:
         padded = -(-m // PAD) * PAD
         if padded == m or padded not in row_counts:

@@ -24,6 +24,14 @@ def test_every_shape_is_timed_and_compared(probe, tmp_path, torch_one_thread):
         r["ms"] for r in rows if (r.get("rows"), r.get("in"), r.get("out")) == (80, 32, 32)
     )
     assert fused[80]["separate_ms"] == round(3 * square, 4)
+    fused_grad = {r["rows"]: r for r in rows if r["stage"] == "qkv_fused_input_grad"}
+    assert set(fused_grad) == {256, 80}
+    wide_in = next(
+        r["ms"] for r in rows if (r.get("rows"), r.get("in"), r.get("out")) == (80, 96, 32)
+    )
+    assert fused_grad[80]["fused_ms"] == wide_in and fused_grad[80]["separate_ms"] == round(
+        3 * square, 4
+    )
     padded = [r for r in rows if r["stage"] == "padded"]
     assert [(r["rows"], r["padded_rows"]) for r in padded] == [(80, 256)] * len(probe.TINY_SHAPES)
     lines = (tmp_path / "float8_matmul_shapes.jsonl").read_text().splitlines()
