@@ -36,6 +36,12 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
         "the baseline keeps its own eager VAE",
     )
     p.add_argument(
+        "--float8-fuse-projections",
+        action="store_true",
+        help="float8 stages: each attention's q, k and v as one float8 matmul, in the rollout "
+        "and the trainer (rollout --float8-fuse-projections, train.float8_fuse_projections)",
+    )
+    p.add_argument(
         "--rollout-compile-mode",
         default=None,
         help="the rollout's torch.compile mode (default: --compile-mode); 'reduce-overhead' "

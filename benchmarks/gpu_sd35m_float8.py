@@ -7,6 +7,8 @@ trainer's (``train.float8``) variants, as a part of its ``Bench``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpu_sd35m_profile import profile_kernels
 from gpu_sd35m_setup import phases_per_image
 
@@ -56,7 +58,10 @@ class Float8Stages:
         (``calibration_s``)."""
         activation, fast = FP8_VARIANTS[name]
         row = row or name
-        layers = self.rollout.enable_float8(activation=activation, fast_accum=fast)
+        fuse = self.args.float8_fuse_projections
+        layers = self.rollout.enable_float8(
+            activation=activation, fast_accum=fast, fuse_projections=fuse
+        )
         calibration_s = None
         if self.rollout.float8_needs_calibration():
             _, calibration_s = self.sample()  # eager, row-wise: gathers the input ranges
@@ -69,7 +74,10 @@ class Float8Stages:
         # compile_train's; none without a compiled trainer)
         step = getattr(self, "step_kl", None) or getattr(self, "step0", None)
         m = self.timed_step(step, groups)[0] if step is not None else {}
-        what = f"float8 ({activation}{', fast accumulation' if fast else ''}) compiled rollout"
+        what = (
+            f"float8 ({activation}{', fast accumulation' if fast else ''}"
+            f"{', fused q/k/v' if fuse else ''}) compiled rollout"
+        )
         self.report.add(
             f"omnirl_rollout_{row}",
             s_per_image=steady / n,
@@ -81,6 +89,7 @@ class Float8Stages:
             layers=layers,
             activation=activation,
             fast_accum=fast,
+            fuse_projections=fuse,
             parity_mean=m.get("behav_prox_logp_absdiff_mean"),
             parity_max=m.get("behav_prox_logp_absdiff_max"),
             parity_of=f"{what} vs compiled trainer in the model dtype" if m else None,
@@ -121,7 +130,9 @@ class Float8Stages:
         ``name`` unless given);
         ``compile_s`` includes a static variant's calibration pass. The trainer stays in
         float8 for later stages."""
-        options = TRAIN_FP8_VARIANTS[name]
+        options = dataclasses.replace(
+            TRAIN_FP8_VARIANTS[name], fuse_projections=self.args.float8_fuse_projections
+        )
         row = row or name
         layers = self.train.enable_float8(options)
         step = self.train_step(self.setup.kl_beta)
@@ -137,6 +148,7 @@ class Float8Stages:
             f"{rollout} compiled rollout vs trainer float8 {options.activation}, input gradient "
             f"{options.input_grad}, scope {options.scope}"
             f"{', fast accumulation' if options.fast_accum else ''}"
+            f"{', fused q/k/v' if options.fuse_projections else ''}"
         )
         self.report.add(
             f"omnirl_{row}",
@@ -147,6 +159,7 @@ class Float8Stages:
             activation=options.activation,
             input_grad=options.input_grad,
             scope=options.scope,
+            fuse_projections=options.fuse_projections,
             parity_mean=m["behav_prox_logp_absdiff_mean"],
             parity_max=m["behav_prox_logp_absdiff_max"],
             parity_of=what,

@@ -83,7 +83,9 @@ class Float8Training:
     ``input_grad``: ``"float8"`` or ``"model_dtype"``; ``scope``: ``"all"`` (every pass) or
     ``"reference"`` (only the KL reference pass: the policy's log-probs and gradients stay
     in the model dtype); ``fast_accum``: Hopper's fast accumulation; ``margin``: the static
-    scales' headroom over the calibrated range.
+    scales' headroom over the calibrated range; ``fuse_projections``: sibling projections
+    of one input (an attention's q, k, v) as one float8 matmul
+    (:mod:`omnirl.models.float8_fused`), where the model family supports it.
     """
 
     activation: str = "rowwise"
@@ -92,6 +94,7 @@ class Float8Training:
     fast_accum: bool = False
     margin: float = DEFAULT_MARGIN
     recalibrate_every: int = 100
+    fuse_projections: bool = False
 
     def __post_init__(self) -> None:
         for value, known, what in (

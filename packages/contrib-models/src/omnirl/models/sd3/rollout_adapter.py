@@ -59,6 +59,7 @@ from omnirl.models.sd3.encoder import (
     encode_sd3_prompts,
     vae_decode,
 )
+from omnirl.models.sd3.fused_attention import fuse_projections as fuse_sd3_projections
 from omnirl.models.sd3.lora import add_lora
 from omnirl.models.sd3.sampling_rules import check_sd3_sampling
 from omnirl.models.sd3.step import SD3Conditioning, sd3_step, set_schedule
@@ -141,10 +142,13 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
         activation: str = "rowwise",
         fast_accum: bool = False,
         margin: float = DEFAULT_MARGIN,
+        fuse_projections: bool = False,
     ) -> int:
         """Convert the transformer blocks' linear layers to scaled float8 matmuls
         (:mod:`omnirl.models.float8`); returns how many. Call before :meth:`compile` (a later
         call recompiles once); calling again re-configures the converted layers.
+        ``fuse_projections``: each attention's q, k and v (per stream) as one float8 matmul
+        (:mod:`omnirl.models.float8_fused`).
         ``activation="static"``: the next :meth:`sample` call runs eagerly and calibrates the
         layers' input scales (``margin`` x the largest input seen), the ones after it use
         them. Full-weight updates re-quantise the weights (and recalibrate static scales on
@@ -160,6 +164,8 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
         convert_to_float8(blocks, activation=activation, fast_accum=fast_accum)
         count = configure_float8(self.transformer, activation=activation, fast_accum=fast_accum)
+        if fuse_projections:
+            fuse_sd3_projections(self.transformer)
         self.float8 = True
         self.float8_margin = margin
         return count

@@ -36,6 +36,7 @@ from omnirl.models.float8_static import (
 )
 from omnirl.models.registry import register_training_adapter
 from omnirl.models.schedulers import FlowMatchSDEScheduler, SDEStepOutput
+from omnirl.models.sd3.fused_attention import fuse_projections
 from omnirl.models.sd3.lora import add_lora
 from omnirl.models.sd3.sampling_rules import check_sd3_sampling, folder_vae_scale_factor
 from omnirl.models.sd3.step import SD3Conditioning, guided_velocity, sd3_step, set_schedule
@@ -152,6 +153,8 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             layer.configure(activation=options.activation, fast_accum=options.fast_accum)
             layer.enable_backward(options.input_grad)
         set_float8_active(self.transformer, options.scope == "all")
+        if options.fuse_projections:
+            fuse_projections(self.transformer)
         self.float8 = options
         return len(layers)
 
