@@ -65,7 +65,7 @@ def fusable_bases(layers: Sequence[nn.Module]) -> list[Float8Linear] | None:
             return None
         if (base.in_features, base.activation, base.fast_accum, base.input_grad) != key:
             return None
-        if not _plain_lora(layer) or getattr(layer, "merged", False) and layer.disable_adapters:
+        if not _plain_lora(layer) or (getattr(layer, "merged", False) and layer.disable_adapters):
             return None  # a variant; or PEFT would unmerge first
     return bases
 
