@@ -198,6 +198,7 @@ def _train_float8(args) -> str:
         "float8: true",
         f"float8_activation: {args.train_float8}",
         f"float8_fast_accum: {'true' if args.float8_fast_accum else 'false'}",
+        f"float8_fuse_projections: {'true' if args.float8_fuse_projections else 'false'}",
     ]
     if args.float8_recalibrate_every is not None:
         lines.append(f"float8_recalibrate_every: {args.float8_recalibrate_every}")
@@ -221,6 +222,8 @@ def launch(args, config: Path, out: Path) -> int:
         rollout += ["--float8", args.float8]
         if args.float8_fast_accum:
             rollout += ["--float8-fast-accum"]
+        if args.float8_fuse_projections:
+            rollout += ["--float8-fuse-projections"]
         if args.float8_recalibrate_every is not None:
             rollout += ["--float8-recalibrate-every", str(args.float8_recalibrate_every)]
     if args.decode_batch is not None:
@@ -368,6 +371,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the trainer's block linears in float8 too (train.float8, float8_activation)",
     )
     p.add_argument("--float8-fast-accum", action="store_true", help="rollout and trainer")
+    p.add_argument(
+        "--float8-fuse-projections",
+        action="store_true",
+        help="rollout and trainer: each attention's q, k and v as one float8 matmul",
+    )
     p.add_argument(
         "--float8-recalibrate-every",
         type=int,

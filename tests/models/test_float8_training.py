@@ -325,3 +325,35 @@ def test_a_reference_scope_trainer_calibrates_on_the_reference_pass_alone(
     with torch.no_grad(), alone.float8_calibration(), alone.reference():
         alone.transition(batches[0], sde_type="sde")
     assert scales == [float(layer.input_scale) for layer in float8_layers(alone.transformer)]
+
+
+def test_fused_projections_train_as_the_layers_do(tiny_sd3_path, test_device, groups):
+    """``Float8Training.fuse_projections``: the same log-probs (forward and reference pass)
+    and, up to bf16 summation order, the same LoRA gradients; compiled too."""
+    from omnirl.models.sd3.fused_attention import FusedProjectionsJointAttnProcessor
+
+    batch = collate_transitions(groups, 1)
+    results = {}
+    for fuse, compiled in ((False, False), (True, False), (True, True)):
+        options = Float8Training(activation="static", fast_accum=True, fuse_projections=fuse)
+        train = _trainer(tiny_sd3_path, test_device, float8=options, compiled=compiled)
+        fused = [
+            m
+            for m in train.transformer.modules()
+            if isinstance(getattr(m, "processor", None), FusedProjectionsJointAttnProcessor)
+        ]
+        assert len(fused) == (2 if fuse else 0)  # every block's joint attention
+        with torch.no_grad(), train.float8_calibration():
+            train.transition(batch, sde_type="sde")
+        out = train.transition(batch, sde_type="sde")
+        out.log_prob.sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in train.trainable_parameters()]).float()
+        with torch.no_grad(), train.reference():
+            ref = train.transition(batch, sde_type="sde").log_prob
+        results[fuse, compiled] = (out.log_prob.detach(), grads, ref)
+    logp, grads, ref = results[False, False]
+    for key in ((True, False), (True, True)):
+        logp_f, grads_f, ref_f = results[key]
+        torch.testing.assert_close(logp_f, logp, rtol=0, atol=1e-5 if key[1] else 0)
+        torch.testing.assert_close(ref_f, ref, rtol=0, atol=1e-5 if key[1] else 0)
+        assert (grads_f - grads).norm() / grads.norm() < 1e-2, key

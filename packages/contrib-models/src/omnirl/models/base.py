@@ -143,11 +143,18 @@ class DiffusionRolloutAdapter(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot merge its LoRA adapter")
 
     def enable_float8(
-        self, *, activation: str = "rowwise", fast_accum: bool = False, margin: float = 2.0
+        self,
+        *,
+        activation: str = "rowwise",
+        fast_accum: bool = False,
+        margin: float = 2.0,
+        fuse_projections: bool = False,
     ) -> int:
         """Run the denoiser's block linear layers in float8 (:mod:`omnirl.models.float8`:
         ``activation`` scaling ``"rowwise"`` or ``"static"`` with calibration ``margin``,
-        ``fast_accum``); return how many were converted. A family without it raises
+        ``fast_accum``; ``fuse_projections``: sibling projections of one input, such as an
+        attention's q, k and v, as one float8 matmul, :mod:`omnirl.models.float8_fused`);
+        return how many were converted. A family without it raises
         ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no float8 linear layers")
 

@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --float8: the matmuls' fast accumulation mode (Hopper)",
     )
     parser.add_argument(
+        "--float8-fuse-projections",
+        action="store_true",
+        help="with --float8: each attention's q, k and v projections (per stream) as one "
+        "float8 matmul, the LoRA branches apart (the same values)",
+    )
+    parser.add_argument(
         "--float8-recalibrate-every",
         type=int,
         default=DEFAULT_FLOAT8_RECALIBRATE_EVERY,
@@ -165,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             compile_decoder=args.compile_decoder,
             float8=args.float8,
             float8_fast_accum=args.float8_fast_accum,
+            float8_fuse_projections=args.float8_fuse_projections,
             float8_recalibrate_every=args.float8_recalibrate_every,
             lora_mode=args.lora_mode,
             decode_batch=args.decode_batch,

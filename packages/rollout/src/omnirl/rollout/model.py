@@ -152,6 +152,7 @@ class RolloutModel:
         compile_decoder: bool = False,
         float8: str | None = None,
         float8_fast_accum: bool = False,
+        float8_fuse_projections: bool = False,
         float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY,
         lora_mode: str = "auto",
         capacity: int = 1,
@@ -167,7 +168,8 @@ class RolloutModel:
         adapter's image decoder compiled too (its ``compile_decoder``). ``float8``: the
         denoiser's block linear layers in float8 with ``"rowwise"`` or ``"static"`` activation
         scales, ``float8_fast_accum`` their accumulation mode (the adapter's
-        ``enable_float8``), ``float8_recalibrate_every`` see the class.
+        ``enable_float8``; ``float8_fuse_projections``: its fused q/k/v matmuls),
+        ``float8_recalibrate_every`` see the class.
         ``lora_mode``: see :func:`resolve_lora_mode`. ``decode_batch``: images per VAE call
         (the adapter's ``set_decode_batch``; 0: a lease's images in one call).
         """
@@ -200,12 +202,17 @@ class RolloutModel:
             adapter.merge_lora()
             log.info("LoRA merged into the base weights after every update")
         if float8:
-            count = adapter.enable_float8(activation=float8, fast_accum=float8_fast_accum)
+            count = adapter.enable_float8(
+                activation=float8,
+                fast_accum=float8_fast_accum,
+                fuse_projections=float8_fuse_projections,
+            )
             log.info(
-                "float8 linear layers: %d converted (activations %s%s)",
+                "float8 linear layers: %d converted (activations %s%s%s)",
                 count,
                 float8,
                 ", fast accumulation" if float8_fast_accum else "",
+                ", q/k/v fused" if float8_fuse_projections else "",
             )
         if compile:
             model.compile_and_warm_up(

@@ -73,6 +73,7 @@ class RolloutWorkerConfig:
         None  # block linears in float8: "rowwise" | "static" (omnirl.models.float8)
     )
     float8_fast_accum: bool = False  # their matmuls' fast accumulation mode
+    float8_fuse_projections: bool = False  # each attention's q, k, v as one float8 matmul
     # static float8 scales: calibrated again every N LoRA updates (0: never)
     float8_recalibrate_every: int = DEFAULT_FLOAT8_RECALIBRATE_EVERY
     lora_mode: str = "auto"  # "merged" | "adapter" | "auto" (merged in float32)
@@ -218,6 +219,7 @@ class RolloutWorker:
                     compile_decoder=cfg.compile_decoder,
                     float8=cfg.float8,
                     float8_fast_accum=cfg.float8_fast_accum,
+                    float8_fuse_projections=cfg.float8_fuse_projections,
                     float8_recalibrate_every=cfg.float8_recalibrate_every,
                     lora_mode=cfg.lora_mode,
                     capacity=cfg.capacity,

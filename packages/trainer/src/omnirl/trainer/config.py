@@ -176,6 +176,8 @@ class TrainConfig:
     float8_input_grad: str = "float8"
     float8_scope: str = "all"
     float8_recalibrate_every: int = 100
+    # each attention's q, k and v (per stream) as one float8 matmul, LoRA branches apart
+    float8_fuse_projections: bool = False
     # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
     # rollout's --attention should name the same one (log-prob parity)
     attention: str = "default"
@@ -382,6 +384,7 @@ def float8_training_options(train: Any) -> Any:
             scope=train.float8_scope,
             fast_accum=bool(train.float8_fast_accum),
             recalibrate_every=int(train.float8_recalibrate_every),
+            fuse_projections=bool(train.float8_fuse_projections),
         )
     except Float8Error as err:
         raise ConfigError(f"key 'train.float8_*': {err}") from None
