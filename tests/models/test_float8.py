@@ -361,3 +361,36 @@ def test_compiled_warm_up_leaves_the_static_scales_to_the_first_real_lease(
     _sample(adapter)  # the first real lease: calibrates on its prompts
     assert not adapter.float8_needs_calibration()
     assert [m.calibrated_amax for m in layers] != warm_up
+
+
+def test_rollout_with_fused_projections_samples_what_the_layers_sample(tiny_sd3_path, test_device):
+    """``enable_float8(fuse_projections=True)``: after a LoRA update, the same trajectories
+    (calibration, sampling and the adapter branches go through the fused processor)."""
+    from omnirl.models.sd3.fused_attention import FusedProjectionsJointAttnProcessor
+    from omnirl.rollout.model import RolloutModel
+    from omnirl.rollout.weights_inbox import ReadyUpdate
+
+    lora = {"r": 4, "lora_alpha": 8}
+    gen = torch.Generator().manual_seed(0)
+    tensors = None
+    trajectories = {}
+    for fuse in (False, True):
+        adapter = SD3RolloutAdapter.from_pretrained(
+            tiny_sd3_path, device=test_device, lora=lora, max_sequence_length=16
+        )
+        adapter.enable_float8(activation="static", fast_accum=True, fuse_projections=fuse)
+        processors = {
+            type(m.processor) for m in adapter.transformer.modules() if hasattr(m, "processor")
+        }
+        assert (FusedProjectionsJointAttnProcessor in processors) == fuse
+        if tensors is None:
+            tensors = {
+                k: torch.randn(v.shape, generator=gen) * 0.1
+                for k, v in lora_state(adapter.transformer).items()
+            }
+        RolloutModel(adapter, format="lora").apply(ReadyUpdate(1, "lora", tensors, dict(lora), ""))
+        _sample(adapter)  # calibrates
+        trajectories[fuse] = _sample(adapter)
+    for plain, fused in zip(trajectories[False], trajectories[True], strict=True):
+        assert torch.equal(plain.log_probs, fused.log_probs)
+        assert torch.equal(plain.final_latents, fused.final_latents)
