@@ -1,13 +1,11 @@
 """The float8 matmuls of the SD3.5-Medium step, shape by shape: where cuBLAS falls short.
 
-The eighteenth GPU session's max-autotune log timed cuBLAS's row-wise scaled e4m3 matmul
-(what every float8 layer calls, `omnirl.models.float8.scaled_matmul`, fast accumulation) at
-each of the step's shapes: the text stream's 10,656 rows (a micro-batch of 16 with CFG x 333
-tokens) x 1,536 -> 1,536 took 0.105 ms, 480 TFLOP/s, where the image stream's three times
-larger 32,768-row one took 0.120 (1,290 TFLOP/s) and the text stream's 1,536 -> 6,144 ran at
-1,350. The text stream's q, k, v and out projections make about 280 such calls a micro-batch
-(forward, reference pass, input gradient) and as many a rollout forward. Two ways out, timed
-here beside the shapes as they are, so the next change is chosen on a measurement:
+cuBLAS's row-wise scaled e4m3 matmul (what every float8 layer calls,
+`omnirl.models.float8.scaled_matmul`, fast accumulation) at each of the step's shapes. The
+eighteenth GPU session's max-autotune log had the text stream's 10,656 rows (a micro-batch of
+16 with CFG x 333 tokens) x 1,536 -> 1,536 at 0.105 ms, 480 TFLOP/s; timed here alone (the
+nineteenth session) it runs in 0.047 ms, 1,072 TFLOP/s, near the wide shapes. Two ways to run
+such shapes at the wide shapes' rate, timed beside the shapes as they are:
 
 - `fused`: q, k and v as one 1,536 -> 4,608 matmul (one input quantisation, one kernel)
   against three 1,536 -> 1,536 ones; and their input gradient as one 4,608 -> 1,536 matmul
@@ -20,8 +18,9 @@ Rows (`--rows`): 32,768 and 10,656 (micro-batch 16, image and text tokens), 16,3
 (micro-batch 8), and each text count padded. Shapes (in -> out): 1,536 -> 1,536 (q, k, v, out;
 their input gradients), 1,536 -> 4,608 (fused q, k, v), 1,536 -> 6,144 (feed-forward up; the
 down projection's input gradient), 6,144 -> 1,536 (feed-forward down; the up projection's
-input gradient), 4,608 -> 1,536 (the fused q, k, v's input gradient). Each row of the output: ms, TFLOP/s; then per row count, three separate
-1,536 -> 1,536 calls against one fused, and each text row count against its padded one.
+input gradient), 4,608 -> 1,536 (the fused q, k, v's input gradient). Each row of the
+output: ms, TFLOP/s; then per row count, three separate 1,536 -> 1,536 calls against one
+fused (forward and input gradient), and each text row count against its padded one.
 
     python benchmarks/float8_matmul_shapes.py --device cuda --out $OUT/matmuls
     python benchmarks/float8_matmul_shapes.py --tiny      # a CPU dry run (emulated float8)

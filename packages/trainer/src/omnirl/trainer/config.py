@@ -176,7 +176,8 @@ class TrainConfig:
     float8_input_grad: str = "float8"
     float8_scope: str = "all"
     float8_recalibrate_every: int = 100
-    # each attention's q, k and v (per stream) as one float8 matmul, LoRA branches apart
+    # each attention's q, k and v (per stream) as one float8 matmul, LoRA branches apart;
+    # measured 1.9 % slower on SD3.5-M (docs/gpu_sessions.md, "GPU, nineteenth session")
     float8_fuse_projections: bool = False
     # SDPA kernel: "default" (torch's choice), "cudnn", "flash", "efficient", "math"; the
     # rollout's --attention should name the same one (log-prob parity)
