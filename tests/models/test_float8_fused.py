@@ -227,6 +227,11 @@ def test_sd3_fused_processor_computes_diffusers_attention_and_compiles(test_devi
 
     # two blocks: sample and context streams in each, plus layer 0's image-only attention
     assert fuse_projections(model) == 3 and fuse_projections(model) == 3
+    assert fuse_projections(model, fuse=False) == 0  # diffusers' processor back
+    assert {type(m.processor).__name__ for m in model.modules() if hasattr(m, "processor")} == {
+        "JointAttnProcessor2_0"
+    }
+    assert fuse_projections(model) == 3
     processors = {type(m.processor) for m in model.modules() if hasattr(m, "processor")}
     assert processors == {FusedProjectionsJointAttnProcessor}
     calls = _count_fused(monkeypatch)

@@ -78,22 +78,26 @@ class FusedProjectionsJointAttnProcessor:
         return out if encoder_hidden_states is None else (out, context)
 
 
-def fuse_projections(transformer: nn.Module) -> int:
-    """Give every joint attention of ``transformer`` whose q/k/v (and text-stream) projections
-    are float8 layers the fused processor; returns how many. Idempotent; call after the
-    float8 conversion (a layer converted later is fused as soon as it is float8)."""
+def fuse_projections(transformer: nn.Module, fuse: bool = True) -> int:
+    """Give every joint attention of ``transformer`` whose q/k/v projections are float8
+    layers the fused processor (``fuse=False``: diffusers' ``JointAttnProcessor2_0`` back);
+    returns how many attentions have the fused processor afterwards. Idempotent; call after
+    the float8 conversion (a compiled block recompiles once on its next call)."""
     from diffusers.models.attention_processor import Attention, JointAttnProcessor2_0
 
     count = 0
     for module in transformer.modules():
         if not isinstance(module, Attention):
             continue
-        processor = module.processor
-        if isinstance(processor, FusedProjectionsJointAttnProcessor):
-            count += 1
-        elif type(processor) is JointAttnProcessor2_0 and _float8_triple(module):
+        fused = isinstance(module.processor, FusedProjectionsJointAttnProcessor)
+        if not fuse:
+            if fused:
+                module.set_processor(JointAttnProcessor2_0())
+            continue
+        if not fused and type(module.processor) is JointAttnProcessor2_0 and _float8_triple(module):
             module.set_processor(FusedProjectionsJointAttnProcessor())
-            count += 1
+            fused = True
+        count += fused
     return count
 
 

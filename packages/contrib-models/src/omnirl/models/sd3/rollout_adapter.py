@@ -164,8 +164,7 @@ class SD3RolloutAdapter(DiffusionRolloutAdapter):
             raise Float8Error(f"float8 calibration margin must be >= 1, got {margin}")
         convert_to_float8(blocks, activation=activation, fast_accum=fast_accum)
         count = configure_float8(self.transformer, activation=activation, fast_accum=fast_accum)
-        if fuse_projections:
-            fuse_sd3_projections(self.transformer)
+        fuse_sd3_projections(self.transformer, fuse_projections)
         self.float8 = True
         self.float8_margin = margin
         return count

@@ -153,8 +153,7 @@ class SD3TrainingAdapter(DiffusionTrainingAdapter):
             layer.configure(activation=options.activation, fast_accum=options.fast_accum)
             layer.enable_backward(options.input_grad)
         set_float8_active(self.transformer, options.scope == "all")
-        if options.fuse_projections:
-            fuse_projections(self.transformer)
+        fuse_projections(self.transformer, options.fuse_projections)
         self.float8 = options
         return len(layers)
 
