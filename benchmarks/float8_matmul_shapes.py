@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_timing import seconds_per_call
+from probe_timing import seconds_per_call, write_results
 
 SHAPES = ((1536, 1536), (1536, 4608), (1536, 6144), (6144, 1536), (4608, 1536))  # (in, out)
 ROWS = "32768,10656,10752,16384,5328,5376"
@@ -140,13 +140,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print("RESULT", json.dumps(row), flush=True)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        env = {"stage": "env", "torch": torch.__version__, "device": str(device)}
-        if device.type == "cuda":
-            env["gpu"] = torch.cuda.get_device_name()
-        lines = [json.dumps(r) for r in [env, *rows]]
-        (out / "float8_matmul_shapes.jsonl").write_text("\n".join(lines) + "\n")
+        write_results(args.out, "float8_matmul_shapes", device, rows)
     return rows
 
 

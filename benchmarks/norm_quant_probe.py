@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_timing import seconds_per_call
+from probe_timing import seconds_per_call, write_results
 
 FLOAT8 = torch.float8_e4m3fn
 EPS = 1e-6
@@ -219,13 +219,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     rows = run(args)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        env = {"stage": "env", "torch": torch.__version__, "device": args.device}
-        if torch.device(args.device).type == "cuda":
-            env["gpu"] = torch.cuda.get_device_name()
-        lines = [json.dumps(r) for r in [env, *rows]]
-        (out / "norm_quant_probe.jsonl").write_text("\n".join(lines) + "\n")
+        write_results(args.out, "norm_quant_probe", torch.device(args.device), rows)
     return rows
 
 

@@ -1,10 +1,13 @@
 """Wall-clock timing for the kernel probes (`attention_probe.py`, `vae_decode_probe.py`,
-`float8_matmul_shapes.py`): seconds per call of a function on a device, synchronised."""
+`float8_matmul_shapes.py`, `norm_quant_probe.py`): seconds per call of a function on a
+device, synchronised; and their results as JSONL after an ``env`` row."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -36,3 +39,15 @@ def seconds_per_call(
         calls += batch
         sync(device)
     return (time.perf_counter() - start) / calls
+
+
+def write_results(out: str | Path, name: str, device: torch.device, rows: list[dict]) -> Path:
+    """``<out>/<name>.jsonl``: an ``env`` row (torch, device, GPU name) then ``rows``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"stage": "env", "torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    path = out / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [env, *rows]))
+    return path

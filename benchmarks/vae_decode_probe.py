@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_sd35m_setup import SD3_VAE, TINY_VAE, build_vae
-from probe_timing import seconds_per_call, sync
+from probe_timing import seconds_per_call, sync, write_results
 
 VARIANTS = ("eager", "channels_last", "compiled", "compiled_channels_last")
 
@@ -154,13 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     rows = run(args)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        env = {"stage": "env", "torch": torch.__version__, "device": str(args.device)}
-        if torch.device(args.device).type == "cuda":
-            env["gpu"] = torch.cuda.get_device_name()
-        lines = [json.dumps(r) for r in [env, *rows]]
-        (out / "vae_decode.jsonl").write_text("\n".join(lines) + "\n")
+        write_results(args.out, "vae_decode", torch.device(args.device), rows)
     return rows
 
 
