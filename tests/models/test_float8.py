@@ -394,3 +394,11 @@ def test_rollout_with_fused_projections_samples_what_the_layers_sample(tiny_sd3_
     for plain, fused in zip(trajectories[False], trajectories[True], strict=True):
         assert torch.equal(plain.log_probs, fused.log_probs)
         assert torch.equal(plain.final_latents, fused.final_latents)
+
+
+@pytest.mark.parametrize("flag", ["--float8-fast-accum", "--float8-fuse-projections"])
+def test_rollout_refuses_float8_options_without_float8(flag, capsys):
+    from omnirl.rollout.cli import main
+
+    assert main(["--trainer", "tcp://127.0.0.1:1", flag]) == 2
+    assert f"{flag} needs --float8" in capsys.readouterr().err

@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_batch < 0:
         print("rollout: --decode-batch must be >= 0", file=sys.stderr)
         return 2
+    for flag in ("fast_accum", "fuse_projections"):
+        if getattr(args, f"float8_{flag}") and not args.float8:
+            print(f"rollout: --float8-{flag.replace('_', '-')} needs --float8", file=sys.stderr)
+            return 2
     if args.threads:
         import torch
 
