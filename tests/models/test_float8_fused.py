@@ -156,30 +156,17 @@ def test_disabled_adapters_give_the_base_outputs(test_device, monkeypatch):
 
 
 def _sd3_blocks(device):
-    """An SD3.5-style transformer (dual attention in layer 0, q/k RMSNorm, a context-pre-only
-    last layer) with float8 block layers and a LoRA adapter on every attention projection."""
-    from diffusers import SD3Transformer2DModel
-
+    """An SD3.5-style tiny transformer (dual attention in layer 0, q/k RMSNorm, a
+    context-pre-only last layer) with float8 block layers and a LoRA adapter on every
+    attention projection."""
     from omnirl.models.compile import repeated_blocks
     from omnirl.models.float8 import convert_to_float8
     from omnirl.models.sd3.lora import add_lora
+    from omnirl.models.sd3.tiny import TinySD3Config, _transformer
 
     torch.manual_seed(0)
-    model = SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        caption_projection_dim=32,
-        pooled_projection_dim=32,
-        pos_embed_max_size=8,
-        dual_attention_layers=(0,),
-        qk_norm="rms_norm",
-    ).to(device, torch.bfloat16)
+    cfg = TinySD3Config(sample_size=8, dual_attention_layers=(0,), qk_norm="rms_norm")
+    model = _transformer(cfg).to(device, torch.bfloat16)
     add_lora(model, {"r": 4, "lora_alpha": 8})
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -192,10 +179,11 @@ def _sd3_blocks(device):
 
 
 def _sd3_inputs(device):
+    """Inputs of the tiny config: 16 latent channels, 8x8, 6 text tokens of width 32."""
     gen = torch.Generator().manual_seed(3)
     rand = lambda *s: torch.randn(*s, generator=gen).to(device, torch.bfloat16)  # noqa: E731
     return {
-        "hidden_states": rand(2, 4, 8, 8),
+        "hidden_states": rand(2, 16, 8, 8),
         "encoder_hidden_states": rand(2, 6, 32),
         "pooled_projections": rand(2, 32),
         "timestep": torch.tensor([500.0, 250.0], device=device),

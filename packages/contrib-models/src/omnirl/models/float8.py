@@ -146,13 +146,26 @@ def quantize_static(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale.expand(x.shape[0], 1).contiguous()
 
 
-def _dgrad_scaled_mm(
-    grad_rows: Tensor, weight_t_fp8: Tensor, weight_t_scale: Tensor, fast_accum: bool
+def quantized_matmul(
+    rows: Tensor, weight_fp8: Tensor, weight_scale: Tensor, input_scale: Tensor | None, fast: bool
 ) -> Tensor:
-    """``dx = dy @ W`` in float8: ``grad_rows`` ``[M, out]`` quantised per row, the weight's
-    per-input-channel copy ``weight_t_fp8`` ``[in, out]`` with scales ``[1, in]``; returns
-    bf16 ``[M, in]``."""
-    q, scale = quantize_rows(grad_rows)
+    """``rows @ W^T`` in float8: ``rows`` ``[M, in]`` quantised per row (``input_scale``
+    ``None``) or at the static ``input_scale`` ``[1, 1]``; ``weight_fp8`` ``[out, in]`` with
+    per-output-channel ``weight_scale`` ``[1, out]``. Returns bf16 ``[M, out]``."""
+    q, scale = quantize_rows(rows) if input_scale is None else quantize_static(rows, input_scale)
+    return scaled_matmul(q, weight_fp8.t(), scale, weight_scale, fast)  # b column-major
+
+
+def input_gradient(grad_rows: Tensor, saved: tuple[Tensor, ...], fast_accum: bool) -> Tensor:
+    """``dx = dy @ W`` for ``grad_rows`` ``[M, out]``: ``saved`` is ``(weight,)`` ``[out, in]``
+    (the model dtype's matmul) or ``(weight_t_fp8, weight_t_scale)``, the weight's
+    per-input-channel float8 copy ``[in, out]`` with scales ``[1, in]`` (``dy`` quantised per
+    row). Returns ``[M, in]``."""
+    if len(saved) == 1:
+        (weight,) = saved
+        return grad_rows.to(weight.dtype) @ weight
+    weight_t_fp8, weight_t_scale = saved
+    q, scale = quantize_rows(grad_rows.contiguous())
     return scaled_matmul(q, weight_t_fp8.t(), scale, weight_t_scale, fast_accum)  # b: [out, in]
 
 
@@ -161,37 +174,21 @@ class _Float8Matmul(torch.autograd.Function):
     dtype (``W`` frozen).
 
     ``rows`` ``[M, in]``; ``input_scale`` float32 ``[1, 1]`` (static) or ``None`` (row-wise);
-    ``weight_t_fp8`` / ``weight_t_scale`` the float8 input-gradient copy, or ``None`` for an
-    input gradient against ``weight`` ``[out, in]`` in its own dtype. Returns bf16
-    ``[M, out]``; the gradient w.r.t. ``rows`` is in ``rows``' dtype. Nothing of ``rows`` is
-    saved: without a weight gradient it is not needed.
+    ``saved``: what :func:`input_gradient` needs (``Float8Linear.input_grad_tensors``).
+    Returns bf16 ``[M, out]``; the gradient w.r.t. ``rows`` is in ``rows``' dtype. Nothing of
+    ``rows`` is saved: without a weight gradient it is not needed.
     """
 
     @staticmethod
-    def forward(
-        ctx, rows, weight_fp8, weight_scale, input_scale, weight, weight_t_fp8, weight_t_scale, fast
-    ):
-        if weight_t_fp8 is None:
-            ctx.save_for_backward(weight)
-        else:
-            ctx.save_for_backward(weight_t_fp8, weight_t_scale)
+    def forward(ctx, rows, weight_fp8, weight_scale, input_scale, fast, *saved):
+        ctx.save_for_backward(*saved)
         ctx.fast_accum, ctx.in_dtype = fast, rows.dtype
-        if input_scale is None:
-            q, scale = quantize_rows(rows)
-        else:
-            q, scale = quantize_static(rows, input_scale)
-        return scaled_matmul(q, weight_fp8.t(), scale, weight_scale, fast)
+        return quantized_matmul(rows, weight_fp8, weight_scale, input_scale, fast)
 
     @staticmethod
     def backward(ctx, grad):
-        saved = ctx.saved_tensors
-        if len(saved) == 1:  # the model dtype's input gradient
-            (weight,) = saved
-            dx = grad.to(weight.dtype) @ weight
-        else:
-            weight_t_fp8, weight_t_scale = saved
-            dx = _dgrad_scaled_mm(grad.contiguous(), weight_t_fp8, weight_t_scale, ctx.fast_accum)
-        return dx.to(ctx.in_dtype), None, None, None, None, None, None, None
+        dx = input_gradient(grad, ctx.saved_tensors, ctx.fast_accum)
+        return dx.to(ctx.in_dtype), *[None] * (4 + len(ctx.saved_tensors))
 
 
 class Float8Linear(nn.Linear):
@@ -323,9 +320,8 @@ class Float8Linear(nn.Linear):
         if torch.is_grad_enabled() and (rows.requires_grad or self.weight.requires_grad):
             y = self._trained_matmul(rows)
         else:
-            q, scale = self._quantized_input(rows)
-            # weight_fp8.t(): column-major [in, out], as the kernel wants
-            y = scaled_matmul(q, self.weight_fp8.t(), scale, self.weight_scale, self.fast_accum)
+            scale = self._static_scale(rows)
+            y = quantized_matmul(rows, self.weight_fp8, self.weight_scale, scale, self.fast_accum)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*lead, self.out_features)
@@ -339,11 +335,6 @@ class Float8Linear(nn.Linear):
             torch.maximum(self.input_amax, rows.detach().abs().amax().float(), out=self.input_amax)
         return None
 
-    def _quantized_input(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """``rows`` ``[M, in]`` -> float8 ``[M, in]`` and float32 scales ``[M, 1]``."""
-        scale = self._static_scale(rows)
-        return quantize_rows(rows) if scale is None else quantize_static(rows, scale)
-
     def _trained_matmul(self, rows: Tensor) -> Tensor:
         if not self.trains or self.weight.requires_grad:
             raise Float8Error(
@@ -355,11 +346,17 @@ class Float8Linear(nn.Linear):
             self.weight_fp8,
             self.weight_scale,
             self._static_scale(rows),
-            self.weight,
-            self.weight_t_fp8,
-            self.weight_t_scale,
             self.fast_accum,
+            *self.input_grad_tensors,
         )
+
+    @property
+    def input_grad_tensors(self) -> tuple[Tensor, ...]:
+        """What the input gradient multiplies ``dy`` by (:func:`input_gradient`): the float8
+        copy and its scales, or the model-dtype weight."""
+        if self.weight_t_fp8 is None:
+            return (self.weight,)
+        return (self.weight_t_fp8, self.weight_t_scale)
 
     def extra_repr(self) -> str:
         accum = ", fast accumulation" if self.fast_accum else ""

@@ -2,11 +2,12 @@
 
 Three :class:`~omnirl.models.float8.Float8Linear` layers that read the same activation
 (``to_q``, ``to_k``, ``to_v``; the text stream's ``add_q_proj``, ``add_k_proj``,
-``add_v_proj``) each quantise it and each call a ``[M, 1536] x [1536, 1536]`` matmul. At the
-text stream's row count cuBLAS runs that shape at about a third of its float8 rate (the
-eighteenth GPU session: 0.105 ms for 10,656 rows, where 1,536 -> 6,144 ran at 1,350 TFLOP/s);
-one ``[M, 1536] x [1536, 4608]`` matmul runs at the wide shapes' rate, and the input is
-quantised once instead of three times.
+``add_v_proj``) each quantise it and each call a ``[M, 1536] x [1536, 1536]`` matmul; fused,
+the input is quantised once and one ``[M, 1536] x [1536, 4608]`` matmul runs. Measured on
+SD3.5-M (the nineteenth GPU session) this is **not a speed-up**: the separate matmuls already
+run near the card's float8 rate (1,072 TFLOP/s for the text stream's 10,656 rows), the fused
+one saves about 10 % of them, and inductor's kernels around it cost more than that (the
+training step 1.9 % slower, the rollout unchanged). Hence opt-in.
 
 :func:`project_fused` does that for any group of sibling layers, PEFT-wrapped or not, and
 adds each layer's LoRA branch to its own slice, as PEFT's forward would:
@@ -31,13 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from omnirl.models.float8 import (
-    Float8Linear,
-    _dgrad_scaled_mm,
-    quantize_rows,
-    quantize_static,
-    scaled_matmul,
-)
+from omnirl.models.float8 import Float8Linear, input_gradient, quantized_matmul
 
 
 def base_layer(layer: nn.Module) -> nn.Module:
@@ -97,52 +92,31 @@ def _input_scale(bases: list[Float8Linear]) -> Tensor | None:
     return scale
 
 
-def _fused_forward(rows: Tensor, weight_fp8: Tensor, weight_scale: Tensor, input_scale, fast):
-    q, scale = quantize_rows(rows) if input_scale is None else quantize_static(rows, input_scale)
-    return scaled_matmul(q, weight_fp8.t(), scale, weight_scale, fast)
-
-
 class _FusedFloat8Matmul(torch.autograd.Function):
     """``rows @ [W_1; ...; W_n]^T`` in one float8 matmul, the members' weights frozen; the
-    input gradient is each member's own (``dgrad``: per member, its float8 transposed copy
-    and scales, or its model-dtype weight), summed.
+    input gradient is each member's own (:func:`~omnirl.models.float8.input_gradient` of its
+    ``input_grad_tensors``), summed.
 
     ``rows`` ``[M, in]``; ``weight_fp8`` ``[sum out, in]``; ``weight_scale`` ``[1, sum out]``;
-    ``input_scale`` ``[1, 1]`` or ``None``; ``dgrad``: ``n`` pairs ``(weight_t_fp8,
-    weight_t_scale)`` or ``(weight, None)``. Returns bf16 ``[M, sum out]``.
+    ``input_scale`` ``[1, 1]`` or ``None``; ``sizes`` each member's ``out``; ``counts`` how
+    many of the flat ``saved`` tensors are each member's (1 or 2). Returns bf16
+    ``[M, sum out]``.
     """
 
     @staticmethod
-    def forward(ctx, rows, weight_fp8, weight_scale, input_scale, fast, sizes, *dgrad):
-        ctx.save_for_backward(*(t for t in dgrad if t is not None))
-        ctx.layout = tuple(t is not None for t in dgrad)
-        ctx.sizes, ctx.fast_accum, ctx.in_dtype = sizes, fast, rows.dtype
-        return _fused_forward(rows, weight_fp8, weight_scale, input_scale, fast)
+    def forward(ctx, rows, weight_fp8, weight_scale, input_scale, fast, sizes, counts, *saved):
+        ctx.save_for_backward(*saved)
+        ctx.sizes, ctx.counts, ctx.fast_accum, ctx.in_dtype = sizes, counts, fast, rows.dtype
+        return quantized_matmul(rows, weight_fp8, weight_scale, input_scale, fast)
 
     @staticmethod
     def backward(ctx, grad):
-        saved = iter(ctx.saved_tensors)
-        dgrad = [next(saved) if present else None for present in ctx.layout]
-        dx = None
-        for i, part in enumerate(grad.split(list(ctx.sizes), dim=-1)):
-            first, second = dgrad[2 * i], dgrad[2 * i + 1]
-            if second is None:  # the model dtype's input gradient against the weight
-                part_dx = part.to(first.dtype) @ first
-            else:
-                part_dx = _dgrad_scaled_mm(part.contiguous(), first, second, ctx.fast_accum)
+        saved, dx = list(ctx.saved_tensors), None
+        for part, count in zip(grad.split(list(ctx.sizes), dim=-1), ctx.counts, strict=True):
+            part_dx = input_gradient(part, tuple(saved[:count]), ctx.fast_accum)
+            del saved[:count]
             dx = part_dx if dx is None else dx + part_dx
-        grads = [None] * (5 + len(dgrad))
-        return (dx.to(ctx.in_dtype), *grads)
-
-
-def _dgrad_tensors(bases: list[Float8Linear]) -> list[Tensor | None]:
-    out: list[Tensor | None] = []
-    for base in bases:
-        if base.weight_t_fp8 is None:
-            out += [base.weight, None]
-        else:
-            out += [base.weight_t_fp8, base.weight_t_scale]
-    return out
+        return (dx.to(ctx.in_dtype), *[None] * (6 + sum(ctx.counts)))
 
 
 def fused_base_outputs(bases: list[Float8Linear], x: Tensor) -> list[Tensor]:
@@ -159,11 +133,14 @@ def fused_base_outputs(bases: list[Float8Linear], x: Tensor) -> list[Tensor]:
     fast = bases[0].fast_accum
     sizes = tuple(b.out_features for b in bases)
     if torch.is_grad_enabled() and rows.requires_grad:
+        saved = [b.input_grad_tensors for b in bases]
+        counts = tuple(len(t) for t in saved)
+        flat = [t for member in saved for t in member]
         y = _FusedFloat8Matmul.apply(
-            rows, weight_fp8, weight_scale, input_scale, fast, sizes, *_dgrad_tensors(bases)
+            rows, weight_fp8, weight_scale, input_scale, fast, sizes, counts, *flat
         )
     else:
-        y = _fused_forward(rows, weight_fp8, weight_scale, input_scale, fast)
+        y = quantized_matmul(rows, weight_fp8, weight_scale, input_scale, fast)
     outputs = []
     for base, part in zip(bases, y.split(list(sizes), dim=-1), strict=True):
         if base.bias is not None:

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnirl.models.float8_fused import project_fused
+from omnirl.models.float8 import Float8Linear
+from omnirl.models.float8_fused import base_layer, project_fused
 
 SAMPLE_PROJECTIONS = ("to_q", "to_k", "to_v")
 CONTEXT_PROJECTIONS = ("add_q_proj", "add_k_proj", "add_v_proj")
@@ -102,7 +103,4 @@ def fuse_projections(transformer: nn.Module, fuse: bool = True) -> int:
 
 
 def _float8_triple(attn: nn.Module) -> bool:
-    from omnirl.models.float8 import Float8Linear
-    from omnirl.models.float8_fused import base_layer
-
     return all(type(base_layer(getattr(attn, n))) is Float8Linear for n in SAMPLE_PROJECTIONS)

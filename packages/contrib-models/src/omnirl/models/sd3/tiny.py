@@ -43,6 +43,10 @@ class TinySD3Config:
     clip_hidden: int = 16  # each CLIP: hidden width == projection width
     t5_hidden: int = 32  # == joint_attention_dim; >= 2 * clip_hidden (SD3 pads CLIP to it)
     vae_channels: tuple[int, ...] = (8, 8)  # two blocks: VAE scale factor 2
+    # SD3.5's transformer features (SD3's off): blocks with an image-only second attention,
+    # q/k normalisation ("rms_norm")
+    dual_attention_layers: tuple[int, ...] = ()
+    qk_norm: str | None = None
 
     @property
     def inner_dim(self) -> int:
@@ -136,6 +140,8 @@ def _transformer(cfg: TinySD3Config):
         caption_projection_dim=cfg.inner_dim,
         pooled_projection_dim=2 * cfg.clip_hidden,
         pos_embed_max_size=cfg.sample_size,
+        dual_attention_layers=cfg.dual_attention_layers,
+        qk_norm=cfg.qk_norm,
     )
 
 
