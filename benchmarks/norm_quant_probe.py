@@ -15,6 +15,8 @@ forward only (the rollout's and the reference pass's case), each variant at the 
 - `bandwidth`: a compiled element-wise kernel with the same reads and writes and no
   reduction (``y = 2 x``, ``q_i = x * s_i``): what the card gives this traffic;
 - `inductor`: the norm, modulation and quantisation in torch, compiled (what the block runs);
+- `inductor_cdt`: the same compiled with inductor's coordinate-descent tuning of its kernels'
+  launch configurations (``coordinate_descent_tuning``; on a GPU only);
 - `triton`: one hand-written Triton kernel, a row per program (`norm_modulate_quantize`).
 
 Outputs (`--outputs`): `y+1q` (the modulated bf16 activation, which the LoRA branches read,
@@ -81,6 +83,13 @@ def reference(x, shift, scale, qscale, tokens: int, write_y: bool):
     y = (y * (1 + scale.float()[:, None]) + shift.float()[:, None]).view(rows, width)
     qs = [(y / qscale[i]).clamp(-448.0, 448.0).to(FLOAT8) for i in range(qscale.numel())]
     return (y.to(x.dtype) if write_y else None), qs
+
+
+def _reference_again(*args, **kwargs):
+    """:func:`reference` under another code object, so that compiling it with other inductor
+    options makes a graph of its own instead of finding :func:`reference`'s in dynamo's
+    cache."""
+    return reference(*args, **kwargs)
 
 
 def same_traffic(x, shift, scale, qscale, tokens: int, write_y: bool):
@@ -158,6 +167,10 @@ def run(args) -> list[dict]:
         "bandwidth": torch.compile(same_traffic, backend=backend),
         "inductor": torch.compile(reference, backend=backend),
     }
+    if backend == "inductor" and device.type == "cuda":
+        variants["inductor_cdt"] = torch.compile(
+            _reference_again, backend=backend, options={"coordinate_descent_tuning": True}
+        )
     if _triton_available(device):
         variants["triton"] = norm_modulate_quantize
     rows_out = []
