@@ -1,4 +1,4 @@
-"""Would a clutter rule that ignores specks touching an object make the detector colour-fair?
+"""Would another clutter or object rule make the detector colour-fair?
 
     uv run python benchmarks/shapes_clutter_rule.py [CHECKPOINT] [--limit 300] [--seeds 4]
 
@@ -10,7 +10,11 @@ only specks with no pixel within one pixel of an object. Printed per palette col
 and prototype rule (partial / strict): renders in that colour at noise sigma 15 scored
 against the prompt naming no colour; and, with a checkpoint, the model's images of the
 training prompts that name no colour, grouped by the colour of most of their objects.
-Not a rule the reward uses: the prototype for a decision (``docs/shapes_eval.md``).
+The third column, ``merged parts``, is the detector's ``merge_parts`` option: a component
+of no palette colour that touches an object of a palette colour becomes part of that object
+(a drawn shape whose shade leaves the palette line part of the way, which the detector
+otherwise cuts in two: an object and an extra). The edge-speck rule is a prototype the
+reward does not have (``docs/shapes_eval.md``).
 
 With a checkpoint it also counts, per dominant colour, the model's images with objects the
 prompt did not ask for, and whether each such extra touches another object (bounding
@@ -21,6 +25,7 @@ no palette colour) or stands apart.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,6 +67,7 @@ def score_batch_edge_specks(images: np.ndarray, spec: ShapeSpec) -> list[detecto
 RULES: dict[str, Scorer] = {
     "old": detector.score_batch,
     "edge specks": score_batch_edge_specks,
+    "merged parts": functools.partial(detector.score_batch, merge_parts=True),
 }
 
 

@@ -1,4 +1,5 @@
-"""ShapesEval detector on wrong images: every one fails strict and loses partial credit."""
+"""ShapesEval detector on wrong images: every one fails strict and loses partial credit, with
+and without ``merge_parts``."""
 
 import dataclasses
 
@@ -28,9 +29,11 @@ def _specs(categories=CATEGORIES, n=36, seed=0):
 
 
 def _assert_wrong(image, spec, max_partial=0.9):
-    result = score(image, spec)
-    assert not result.strict, (spec.text, result.details)
-    assert result.partial <= max_partial, (spec.text, result.partial, result.details)
+    """Both rules fail ``image``; returns the default rule's result."""
+    for merge_parts in (True, False):
+        result = score(image, spec, merge_parts=merge_parts)
+        assert not result.strict, (spec.text, merge_parts, result.details)
+        assert result.partial <= max_partial, (spec.text, merge_parts, result.partial)
     return result
 
 

@@ -18,26 +18,32 @@ def _specs(per_category: int, seed: int) -> list:
     return out
 
 
-def _strict_rate(specs, size, transform=lambda image, i: image, group=4) -> dict[str, float]:
+def _strict_rate(
+    specs, size, transform=lambda image, i: image, group=4, merge_parts=False
+) -> dict[str, float]:
     passed: dict[str, list[bool]] = {c: [] for c in CATEGORIES}
     for i, spec in enumerate(specs):
         images = np.stack(
             [transform(render(spec, size, 100 * i + k), 100 * i + k) for k in range(group)]
         )
-        results = score_batch(images, spec)
+        results = score_batch(images, spec, merge_parts=merge_parts)
         passed[spec.category] += [r.strict and r.partial == 1.0 for r in results]
     return {c: float(np.mean(v)) for c, v in passed.items()}
 
 
+@pytest.mark.parametrize("merge_parts", [False, True])
 @pytest.mark.parametrize("size,per_category", [(32, 16), (64, 6)])
-def test_correct_renders_pass_in_every_category(size, per_category):
-    rates = _strict_rate(_specs(per_category, seed=size), size)  # 384 images at 32, 144 at 64
+def test_correct_renders_pass_in_every_category(size, per_category, merge_parts):
+    specs = _specs(per_category, seed=size)  # 384 images at 32, 144 at 64
+    rates = _strict_rate(specs, size, merge_parts=merge_parts)
     assert min(rates.values()) >= 0.98, rates
 
 
+@pytest.mark.parametrize("merge_parts", [False, True])
 @pytest.mark.parametrize("sigma", [4.0, 8.0])
-def test_small_gaussian_noise_still_passes(sigma):
-    rates = _strict_rate(_specs(8, seed=7), 32, lambda im, i: gaussian_noise(im, sigma, i))
+def test_small_gaussian_noise_still_passes(sigma, merge_parts):
+    noisy = lambda im, i: gaussian_noise(im, sigma, i)  # noqa: E731
+    rates = _strict_rate(_specs(8, seed=7), 32, noisy, merge_parts=merge_parts)
     assert min(rates.values()) >= 0.9 and np.mean(list(rates.values())) >= 0.97, rates
 
 

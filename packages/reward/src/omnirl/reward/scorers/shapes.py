@@ -1,7 +1,9 @@
 """The ShapesEval detector as a reward (``shapes_eval``): partial credit for training, strict
 pass / fail as a second component for the metric.
 
-Components: ``partial`` (primary, in [0, 1]) and ``strict`` (1.0 or 0.0). The spec of each
+Components: ``partial`` (primary, in [0, 1]) and ``strict`` (1.0 or 0.0). Option
+``merge_parts`` (``shapes_eval(merge_parts=true)``): a part of no palette colour touching a
+palette object is part of it, not an extra (the detector's ``merge_parts``). The spec of each
 sample comes from its prompt metadata (``ShapeSpec.from_metadata``) when that carries a
 ShapesEval spec, else from its text (``ShapeSpec.from_text``). Limitation of the text path:
 only prompts of the ShapesEval grammar parse (anything else raises ``ShapeSpecError``, a
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from omnirl.reward.scorers.jpeg import as_uint8_batch
-from omnirl.reward.scorers.registry import ScoreBatch, register_reward
+from omnirl.reward.scorers.registry import RewardOptionError, ScoreBatch, register_reward
 from omnirl.reward.shapes import ShapeSpec, score_batch
 from omnirl.reward.shapes.detector import dominant_colour
 
@@ -45,6 +47,13 @@ class ShapesEvalReward:
     batchable = True
     thread_safe = True  # numpy only, no shared state
 
+    def __init__(self, merge_parts: bool = False) -> None:
+        if not isinstance(merge_parts, bool):
+            raise RewardOptionError(
+                f"shapes_eval: merge_parts must be true or false, got {merge_parts!r}"
+            )
+        self.merge_parts = merge_parts
+
     def __call__(self, batch: ScoreBatch) -> dict[str, list[float]]:
         images, specs = _inputs(batch, "shapes_eval")
         n = len(specs)
@@ -53,7 +62,8 @@ class ShapesEvalReward:
         for i, spec in enumerate(specs):
             rows_of.setdefault(spec, []).append(i)
         for spec, rows in rows_of.items():  # one detector call per distinct prompt
-            for i, sc in zip(rows, score_batch(images[rows], spec), strict=True):
+            scores = score_batch(images[rows], spec, merge_parts=self.merge_parts)
+            for i, sc in zip(rows, scores, strict=True):
                 partial[i] = float(sc.partial)
                 strict[i] = 1.0 if sc.strict else 0.0
         return {"partial": partial, "strict": strict}

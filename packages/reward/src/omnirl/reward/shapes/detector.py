@@ -5,7 +5,9 @@ Pipeline per image (``docs/shapes_eval.md`` gives every rule and threshold):
 1. background = median of the border pixels; pixels are classified into palette colours,
    background, or unknown (:mod:`omnirl.reward.shapes.segment`);
 2. 8-connected components of equal class; components below ``min_area`` are specks
-   (not objects, but their pixels are clutter), every other component is an object;
+   (not objects, but their pixels are clutter), every other component is an object (with
+   ``merge_parts``, parts of no palette colour join the palette object they touch first:
+   :func:`omnirl.reward.shapes.segment.merge_unknown_parts`);
 3. each object's shape comes from the moments of its coverage, confirmed by a template
    fitted to its bounding box, or is ``"unknown"`` (:mod:`omnirl.reward.shapes.classify`);
 4. objects are matched to the spec's groups; objects the spec does not ask for are extras
@@ -26,6 +28,7 @@ from omnirl.reward.shapes.segment import (
     classify_pixels,
     estimate_background,
     label_components,
+    merge_unknown_parts,
     to_opponent,
 )
 from omnirl.reward.shapes.world import BACKGROUND, COLOURS, ShapeSpec
@@ -276,11 +279,16 @@ def dominant_colour(result: ShapeScore) -> str | None:
     return max(COLOURS, key=colours.count) if colours else None
 
 
-def score_batch(images: Any, spec: ShapeSpec | dict[str, Any]) -> list[ShapeScore]:
+def score_batch(
+    images: Any, spec: ShapeSpec | dict[str, Any], *, merge_parts: bool = False
+) -> list[ShapeScore]:
     """Score a group of images of one prompt.
 
     images: uint8 ``[G, H, W, 3]`` (numpy or torch); spec: a :class:`ShapeSpec` or its
-    metadata dict. Raises :class:`ShapeImageError` / ``ShapeSpecError`` on bad input.
+    metadata dict. ``merge_parts``: a part of no palette colour touching a palette object
+    is part of that object, not an extra (off by default: ``docs/shapes_eval.md``, "Parts
+    of no palette colour"). Raises :class:`ShapeImageError` / ``ShapeSpecError`` on bad
+    input.
     """
     images = _as_images(images)
     if not isinstance(spec, ShapeSpec):
@@ -293,17 +301,22 @@ def score_batch(images: Any, spec: ShapeSpec | dict[str, Any]) -> list[ShapeScor
     labels = label_components(classes)
     scores = []
     for i in range(g):
+        image_labels, image_classes, image_alpha = labels[i], classes[i], alpha[i]
+        if merge_parts:
+            image_labels, image_classes, image_alpha = merge_unknown_parts(
+                image_labels, image_classes, image_alpha, min_area
+            )
         objects, object_labels, speck_pixels = _objects(
-            labels[i], classes[i], alpha[i], min_area, min_shape
+            image_labels, image_classes, image_alpha, min_area, min_shape
         )
         clutter = speck_pixels / (h * w)
-        far = bg_distance[i][_open_background(np.isin(labels[i], object_labels))]
+        far = bg_distance[i][_open_background(np.isin(image_labels, object_labels))]
         roughness = float(np.sqrt(np.mean(far**2))) if far.size else ROUGHNESS_MAX
         scores.append(_score_one(objects, clutter, roughness, background[i], spec))
     return scores
 
 
-def score(image: Any, spec: ShapeSpec | dict[str, Any]) -> ShapeScore:
+def score(image: Any, spec: ShapeSpec | dict[str, Any], *, merge_parts: bool = False) -> ShapeScore:
     """Score one uint8 ``[H, W, 3]`` image against ``spec`` (see :func:`score_batch`)."""
     if hasattr(image, "detach"):
         image = image.detach().cpu().numpy()
@@ -311,4 +324,4 @@ def score(image: Any, spec: ShapeSpec | dict[str, Any]) -> ShapeScore:
         raise ShapeImageError(
             f"image must be one [H, W, 3] array, got {getattr(image, 'shape', type(image).__name__)}"
         )
-    return score_batch(image[None], spec)[0]
+    return score_batch(image[None], spec, merge_parts=merge_parts)[0]

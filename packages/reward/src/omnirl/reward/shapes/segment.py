@@ -117,3 +117,56 @@ def label_components(classes: np.ndarray) -> np.ndarray:
             break
         labels = new
     return np.where(fg, labels, -1)
+
+
+def merge_unknown_parts(
+    labels: np.ndarray, classes: np.ndarray, alpha: np.ndarray, min_area: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image's components with the parts of no palette colour joined to the palette
+    object they touch: a drawn shape whose shade leaves the palette line over part of it
+    (the model's darker colours do) is one object, not an object and an extra.
+
+    labels: int ``[H, W]`` (:func:`label_components` of one image), classes ``[H, W]``,
+    alpha float32 ``[H, W, K]``. A component of class ``UNKNOWN`` that touches
+    (8-connected) a palette-coloured component of at least ``min_area`` pixels takes the
+    label and class of the one it shares most neighbouring pixels with, and coverage 1
+    toward its colour, as long as the palette part stays the larger: the unknown parts
+    joined to an object never outweigh its palette pixels, so a dot of colour cannot make a
+    large blot of no colour into an object of that colour. Returns copies.
+    """
+    labels, classes, alpha = labels.copy(), classes.copy(), alpha.copy()
+    fg = labels >= 0
+    ids, areas = np.unique(labels[fg], return_counts=True)
+    area = dict(zip(ids.tolist(), areas.tolist(), strict=True))
+    unknown = fg & (classes == UNKNOWN)
+    hosts = fg & ~unknown & np.isin(labels, ids[areas >= min_area])
+    if not hosts.any() or not unknown.any():
+        return labels, classes, alpha
+    # every (unknown pixel's part, neighbouring host) pair, once per neighbouring pixel
+    host_labels = np.pad(np.where(hosts, labels, -1), 1, constant_values=-1)
+    ys, xs = np.nonzero(unknown)
+    pairs = np.concatenate(
+        [
+            np.stack([labels[ys, xs], host_labels[1 + dy + ys, 1 + dx + xs]], axis=1)
+            for dy, dx in _NEIGHBOURS
+        ]
+    )
+    pairs = pairs[pairs[:, 1] >= 0]
+    if not len(pairs):
+        return labels, classes, alpha
+    parts_hosts, counts = np.unique(pairs, axis=0, return_counts=True)
+    best: dict[int, tuple[int, int]] = {}  # part -> (shared neighbours, host)
+    for (part, host), count in zip(parts_hosts.tolist(), counts.tolist(), strict=True):
+        if count > best.get(part, (0, -1))[0]:
+            best[part] = (count, host)
+    joined: dict[int, int] = {}
+    host_class = {int(lab): int(c) for lab, c in zip(labels[hosts], classes[hosts], strict=True)}
+    for part in sorted(best, key=lambda p: -area[p]):  # the largest parts claim first
+        host = best[part][1]
+        if joined.get(host, 0) + area[part] > area[host]:
+            continue
+        joined[host] = joined.get(host, 0) + area[part]
+        part_mask = labels == part
+        labels[part_mask], classes[part_mask] = host, host_class[host]
+        alpha[part_mask, host_class[host]] = 1.0
+    return labels, classes, alpha
