@@ -321,3 +321,17 @@ def test_unnamed_colours_show_a_policy_that_draws_one_colour_only():
     assert varied["unnamed_colours"]["entropy"] > 0.8
     assert varied["unnamed_colours"]["objects"] >= 80
     assert "entropy 0.00 of 1" in format_table(collapsed)
+
+
+def test_score_images_passes_merge_parts_to_the_detector():
+    from omnirl.reward.shapes.world import BACKGROUND, PALETTE, ShapeObject
+    from omnirl.tools.eval_shapes import score_images
+
+    image = np.full((32, 32, 3), BACKGROUND, dtype=np.uint8)
+    image[10:22, 8:20] = PALETTE["purple"]
+    image[10:22, 16:20] = (np.asarray(PALETTE["purple"]) * 0.35).astype(np.uint8)
+    spec = ShapeSpec("colors", (ShapeObject(1, "purple", "square"),))
+    images = image[None, None]  # one prompt, one image
+    assert not score_images(images, [spec]).strict[0, 0]
+    merged = score_images(images, [spec], merge_parts=True)
+    assert merged.strict[0, 0] and merged.colours[0, 0].tolist() == [0, 0, 0, 0, 0, 1]

@@ -79,25 +79,29 @@ def evaluate(
     *,
     seeds: int = 2,
     batch_prompts: int = 32,
+    merge_parts: bool = False,
     **sampling_options: Any,
 ) -> EvalRun:
-    """Sample ``seeds`` images of every spec with a rollout adapter and score them;
-    ``sampling_options`` are :func:`eval_sampling`'s (guidance scale, steps, SDE type, image
-    size, seed)."""
+    """Sample ``seeds`` images of every spec with a rollout adapter and score them (the
+    detector's ``merge_parts`` as given); ``sampling_options`` are :func:`eval_sampling`'s
+    (guidance scale, steps, SDE type, image size, seed)."""
     sampling = eval_sampling(seeds, **sampling_options)
     t0 = time.perf_counter()
     images = np.zeros((len(specs), seeds, sampling.height, sampling.width, 3), dtype=np.uint8)
     groups = sample_specs(adapter, specs, sampling, batch_prompts=batch_prompts, tag="eval")
     for i, (group, _) in enumerate(groups):
         images[i] = group.images.numpy()
-    run = score_images(images, specs)
+    run = score_images(images, specs, merge_parts=merge_parts)
     run.seconds = time.perf_counter() - t0
     return run
 
 
-def score_images(images: np.ndarray, specs: list[ShapeSpec]) -> EvalRun:
+def score_images(
+    images: np.ndarray, specs: list[ShapeSpec], *, merge_parts: bool = False
+) -> EvalRun:
     """Score ``images`` uint8 ``[P, S, H, W, 3]`` (``S`` images of ``specs[p]`` each) with the
-    ShapesEval detector: strict, partial and the detected objects' colours."""
+    ShapesEval detector (``merge_parts``: its option): strict, partial and the detected
+    objects' colours."""
     p, s = images.shape[:2]
     if p != len(specs):
         raise ValueError(f"{p} rows of images for {len(specs)} prompts")
@@ -105,7 +109,7 @@ def score_images(images: np.ndarray, specs: list[ShapeSpec]) -> EvalRun:
     partial = np.zeros((p, s), dtype=np.float64)
     colours = np.zeros((p, s, len(COLOURS)), dtype=np.int64)
     for i, spec in enumerate(specs):
-        for k, sc in enumerate(score_batch(images[i], spec)):
+        for k, sc in enumerate(score_batch(images[i], spec, merge_parts=merge_parts)):
             strict[i, k] = sc.strict
             partial[i, k] = sc.partial
             for o in sc.details.get("objects", ()):
@@ -311,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ema", action="store_true", help="a trainer checkpoint's EMA weights (policy_ema/)"
     )
+    parser.add_argument(
+        "--merge-parts",
+        action="store_true",
+        help="the detector joins parts of no palette colour to the palette object they touch",
+    )
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -339,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         num_steps=args.steps,
         sde_type=args.sde_type,
         seed=args.seed,
+        merge_parts=args.merge_parts,
     )
     summary = summarise(run)
     summary["config"] = {
@@ -351,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "lora": str(args.lora) if args.lora else None,
         "ema": args.ema,
+        "merge_parts": args.merge_parts,
     }
     out = args.out or Path("runs/eval_shapes") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

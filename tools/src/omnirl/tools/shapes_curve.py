@@ -153,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ema", action="store_true", help="score each checkpoint's EMA weights (policy_ema/)"
     )
+    parser.add_argument(
+        "--merge-parts",
+        action="store_true",
+        help="the detector joins parts of no palette colour to the palette object they touch",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -196,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             guidance_scale=sampling["guidance_scale"],
             num_steps=sampling["num_steps"],
             image_size=sampling["height"],
+            merge_parts=args.merge_parts,
         )
         summary = summarise(run)
         row = {
@@ -203,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             "minutes": round(minutes.get(step, 0.0), 2),
             "num_steps": sampling["num_steps"],
             "guidance_scale": sampling["guidance_scale"],
+            "merge_parts": args.merge_parts,
             **summary,
         }
         rows.append(row)
