@@ -109,7 +109,12 @@ def test_only_train_step_fields_of_train_reach_the_step_config(tmp_path):
 def test_the_backend_converts_float8_layers_as_the_float8_keys_say(tiny_sd3_path, tmp_path):
     from omnirl.models.float8 import float8_layers
 
-    base = [f"model.path={tiny_sd3_path}", f"data.prompts={tmp_path / 'p.jsonl'}"]
+    # on the test device: a torch that refuses row-wise float8 on the CPU (2.11) has a GPU
+    base = [
+        f"model.path={tiny_sd3_path}",
+        f"data.prompts={tmp_path / 'p.jsonl'}",
+        f"run.device={DEVICE}",
+    ]
     static = ["train.float8=true", "train.float8_activation=static"]
     reference = [*static, "train.float8_scope=reference"]
     backend = AdapterBackend(load_config(None, [*base, *reference, "train.kl_beta=0.01"]))

@@ -15,6 +15,7 @@ trained on it is paid to draw.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 
@@ -75,15 +76,20 @@ def balanced_specs(per_category: int, seed: int) -> list[ShapeSpec]:
 
 
 def strict_rates(
-    specs: list[ShapeSpec], size: int, transform: Transform, group: int
+    specs: list[ShapeSpec],
+    size: int,
+    transform: Transform,
+    group: int,
+    scorer: Callable = score_batch,
 ) -> tuple[dict[str, float], float]:
-    """Strict pass rate per category and the mean partial score."""
+    """Strict pass rate per category and the mean partial score (``scorer``: as in
+    :func:`colour_rates`)."""
     passed: dict[str, list[bool]] = {}
     partial: list[float] = []
     for i, spec in enumerate(specs):
         seeds = [group * i + k for k in range(group)]
         images = np.stack([transform(render(spec, size, s), s) for s in seeds])
-        for result in score_batch(images, spec):
+        for result in scorer(images, spec):
             passed.setdefault(spec.category, []).append(result.strict)
             partial.append(result.partial)
     return {c: float(np.mean(v)) for c, v in passed.items()}, float(np.mean(partial))
@@ -113,7 +119,9 @@ def colour_rates(
     return out
 
 
-def throughput(specs: list[ShapeSpec], size: int, group: int) -> tuple[float, float]:
+def throughput(
+    specs: list[ShapeSpec], size: int, group: int, scorer: Callable = score_batch
+) -> tuple[float, float]:
     """Rendered and scored (groups of ``group``) images per CPU-second of this process.
 
     CPU time, not wall time, so that other jobs on a shared machine do not skew it; the
@@ -127,7 +135,7 @@ def throughput(specs: list[ShapeSpec], size: int, group: int) -> tuple[float, fl
     render_rate = len(specs) * group / (time.process_time() - start)
     start = time.process_time()
     for spec, images in zip(specs, groups, strict=True):
-        score_batch(images, spec)
+        scorer(images, spec)
     return render_rate, len(specs) * group / (time.process_time() - start)
 
 
@@ -145,7 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="per palette colour, prompts naming no colour (--group seeds per prompt)",
     )
+    parser.add_argument(
+        "--merge-parts",
+        action="store_true",
+        help="the detector joins parts of no palette colour to the palette object they touch",
+    )
     args = parser.parse_args(argv)
+    args.scorer = functools.partial(score_batch, merge_parts=args.merge_parts)
     if args.by_colour:
         return _print_by_colour(args)
     specs = balanced_specs(args.per_category, args.seed)
@@ -154,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"size {size}: {len(specs)} prompts x {args.group} seeds; strict pass rate")
         print(f"{'condition':>9} {header} {'all':>6} {'partial':>8}")
         for name in args.conditions.split(","):
-            rates, partial = strict_rates(specs, size, CONDITIONS[name], args.group)
+            rates, partial = strict_rates(specs, size, CONDITIONS[name], args.group, args.scorer)
             overall = float(np.mean(list(rates.values())))
             row = " ".join(f"{rates[c]:>13.3f}" for c in CATEGORIES)
             print(f"{name:>9} {row} {overall:>6.3f} {partial:>8.3f}")
-        render_rate, score_rate = throughput(specs[:: max(1, len(specs) // 120)], size, 16)
+        sample = specs[:: max(1, len(specs) // 120)]
+        render_rate, score_rate = throughput(sample, size, 16, args.scorer)
         print(f"render {render_rate:,.0f} images/CPU-s, score {score_rate:,.0f} images/CPU-s")
     return 0
 
@@ -169,7 +184,7 @@ def _print_by_colour(args: argparse.Namespace) -> int:
         n = len(SHAPES) * (1 + len(COUNTS)) * args.group
         print(f"size {size}: {n} renders per colour, prompts naming no colour; partial / strict")
         print(f"{'colour':>8} " + " ".join(f"{c:>15}" for c in conditions))
-        table = {c: colour_rates(size, CONDITIONS[c], args.group) for c in conditions}
+        table = {c: colour_rates(size, CONDITIONS[c], args.group, args.scorer) for c in conditions}
         for colour in COLOURS:
             cells = " ".join(
                 f"{table[c][colour][0]:>8.3f} / {table[c][colour][1]:.2f}" for c in conditions
