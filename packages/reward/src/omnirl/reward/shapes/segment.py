@@ -160,7 +160,8 @@ def merge_unknown_parts(
         if count > best.get(part, (0, -1))[0]:
             best[part] = (count, host)
     joined: dict[int, int] = {}
-    host_class = {int(lab): int(c) for lab, c in zip(labels[hosts], classes[hosts], strict=True)}
+    host_ids, first = np.unique(labels[hosts], return_index=True)
+    host_class = dict(zip(host_ids.tolist(), classes[hosts][first].tolist(), strict=True))
     for part in sorted(best, key=lambda p: -area[p]):  # the largest parts claim first
         host = best[part][1]
         if joined.get(host, 0) + area[part] > area[host]:
