@@ -24,6 +24,7 @@ time and the rollout's apply time for each LoRA version.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -127,10 +128,16 @@ def write_model(path: Path, preset: str, device: str, dtype: torch.dtype) -> Pat
     return path
 
 
+def compile_cache(args, out: Path) -> Path:
+    """The trainer's and the worker's compile cache directory: ``--compile-cache``, or one
+    of the run's own (a cold start)."""
+    return args.compile_cache.resolve() if args.compile_cache else out / "compile_cache"
+
+
 def write_config(args, model: Path, out: Path) -> Path:
     """The run's YAML (only what differs from the trainer's defaults)."""
     setup = SETUPS[args.preset]
-    cache = out / "compile_cache"
+    cache = compile_cache(args, out)
     compile_train = "true" if args.compile else "false"
     lines = f"""\
 run:
@@ -213,7 +220,7 @@ def launch(args, config: Path, out: Path) -> int:
         # summary's ``rollout_device`` says which one it took
         rollout = ["--device", args.device, *rollout]
     if args.compile:
-        rollout += ["--compile", "--compile-cache", str(out / "compile_cache")]
+        rollout += ["--compile", "--compile-cache", str(compile_cache(args, out))]
         if args.rollout_compile_mode:
             rollout += ["--compile-mode", args.rollout_compile_mode]
         if args.compile_decoder:
@@ -248,6 +255,9 @@ _LEASE = re.compile(r"lease \S+ done at version \d+ in ([0-9.]+) s")
 _BUILT = re.compile(r"built \S+ for \S+ on (\S+) \(")
 _APPLIED = re.compile(r"applied weights version=(\d+) format=(\w+) .* in ([0-9.]+) s")
 _GREW = re.compile(r"largest input grew up to ([0-9.]+)x")
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
+_READY = re.compile(r"model ready in ([0-9.]+) s")
+_WARMED = re.compile(r"compiled backend warmed up in ([0-9.]+) s")
 _PEAK = re.compile(r"device memory peak ([0-9.]+) GB allocated, ([0-9.]+) GB reserved")
 
 
@@ -311,6 +321,7 @@ def summarize(args, out: Path, started: float) -> dict:
             summary["rollout_lease_s_median"] = round(statistics.median(tail), 3)
             summary["rollout_s_per_image"] = round(statistics.median(tail) / args.group_size, 4)
             summary["leases"] = len(leases)
+        summary.update(worker_start(text))
         peaks = [(float(a), float(r)) for a, r in _PEAK.findall(text)]
         if peaks:  # the worker's most in any lease
             summary["rollout_peak_allocated_gb"] = max(a for a, _ in peaks)
@@ -327,6 +338,25 @@ def summarize(args, out: Path, started: float) -> dict:
         summary["trainer_float8_calibrations"] = trainer_log.read_text().count("layers calibrated")
     summary["wall_s"] = round(time.time() - started, 1)
     return summary
+
+
+def worker_start(text: str) -> dict:
+    """The worker's start-up from its log: model ready (build, compile, warm-up) and warm-up
+    alone, as it logs them; ``rollout_first_group_s``, its first lease done, counted from its
+    first log line (so after its imports, a few seconds); whether it loaded a compile cache."""
+    out: dict = {"rollout_cache_loaded": "loaded compile cache" in text}
+    for key, pattern in (("rollout_model_ready_s", _READY), ("rollout_warmup_s", _WARMED)):
+        found = pattern.search(text)
+        if found:
+            out[key] = float(found.group(1))
+    stamps = _STAMP.findall(text)
+    done = next((line for line in text.splitlines() if _LEASE.search(line)), None)
+    if stamps and done and _STAMP.match(done):
+        fmt = "%Y-%m-%d %H:%M:%S,%f"
+        start = datetime.datetime.strptime(stamps[0], fmt)
+        end = datetime.datetime.strptime(_STAMP.match(done).group(1), fmt)
+        out["rollout_first_group_s"] = round((end - start).total_seconds(), 1)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -348,6 +378,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention", default="default", help="SDPA kernel, trainer and rollout")
     p.add_argument("--micro", type=int, default=0, help="training micro-batch (samples)")
     p.add_argument("--rollout-compile-mode", default=None)
+    p.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=None,
+        help="compile cache directory for the trainer and the worker (default: <out>/"
+        "compile_cache, a cold start); a second run on the same one measures a warm start",
+    )
     p.add_argument(
         "--activation-memory-budget",
         type=float,

@@ -162,3 +162,39 @@ def test_activation_memory_budget_reaches_the_trainer_config(tmp_path, benchmark
     train_step_config(cfg)  # raised ConfigError while the key leaked into TrainStep.Config
     unset = gpu_loop.write_config(gpu_loop.parse_args(argv[:-2]), tmp_path / "model", tmp_path)
     assert load_config(unset).train.activation_memory_budget is None
+
+
+def test_summary_reports_the_workers_start_up(tmp_path, benchmark_script):
+    """Model ready, warm-up and the first group after the worker's first log line: what a
+    second run on the same ``--compile-cache`` measures as a warm start (issue 9, item 7)."""
+    metrics = RESULTS / "gpu_session12_2026-12-06" / "loop_micro16_fallback" / "metrics.jsonl"
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(metrics.read_text())
+    (run / "logs" / "rollout-0.log").write_text(
+        "2026-12-07 15:14:06,045 INFO omnirl.rollout: rollout-0: attention cudnn\n"
+        "2026-12-07 15:14:08,000 INFO omnirl.models.compile: loaded compile cache /c/artifacts.bin\n"
+        "2026-12-07 15:14:40,100 INFO omnirl.rollout: compiled backend warmed up in 21.5 s\n"
+        "2026-12-07 15:14:40,200 INFO omnirl.rollout: rollout-0: model ready in 34.2 s\n"
+        "2026-12-07 15:14:47,545 INFO omnirl.rollout: rollout-0: lease r:g0:l0 done at version 0 "
+        "in 7.30 s\n"
+        "2026-12-07 15:14:50,000 INFO omnirl.rollout: rollout-0: lease r:g0:l1 done at version 0 "
+        "in 2.30 s\n"
+    )
+    gpu_loop = benchmark_script("gpu_loop")
+    assert gpu_loop.main(["--summarize-only", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    summary = json.loads((tmp_path / "gpu_loop.json").read_text())
+    assert summary["rollout_cache_loaded"] is True
+    assert summary["rollout_model_ready_s"] == 34.2 and summary["rollout_warmup_s"] == 21.5
+    assert summary["rollout_first_group_s"] == 41.5  # 15:14:06.045 -> 15:14:47.545
+
+
+def test_compile_cache_is_the_runs_own_unless_given(tmp_path, benchmark_script):
+    gpu_loop = benchmark_script("gpu_loop")
+    base = ["--tiny", "--device", "cpu", "--out", str(tmp_path)]
+    own = gpu_loop.write_config(gpu_loop.parse_args(base), tmp_path / "model", tmp_path)
+    assert f"compile_cache: {tmp_path / 'compile_cache'}" in own.read_text()
+    shared = tmp_path / "shared_cache"
+    args = gpu_loop.parse_args([*base, "--compile-cache", str(shared)])
+    given = gpu_loop.write_config(args, tmp_path / "model", tmp_path)
+    assert f"compile_cache: {shared}" in given.read_text()
