@@ -22,7 +22,7 @@ Variants (`--variants`): `eager`; `default` (``torch.compile``, what the model r
 and one fused kernel); `autotune` (``max-autotune-no-cudagraphs`` with the persistent TMA
 templates, cuBLAS and Triton both candidates: what inductor would pick); `autotune_triton`
 (the same with Triton templates only, so the element-wise work is fused into one whatever
-the cost). Each row: ms, TFLOP/s of the matmul alone, compile s, the kernels the compiled
+the cost). Each row: ms, the matmul's FLOPs over that time (TFLOP/s), compile s, the kernels the compiled
 code launches (which matmul, what got fused), the largest difference from `eager`; then per
 case the best compiled variant against `default`.
 

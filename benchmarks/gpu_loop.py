@@ -18,7 +18,10 @@ Writes ``<out>/gpu_loop.json`` (the summary below), the run's metrics, config an
 Steady state is every optimiser step after the first ``--warmup-steps`` (compilation and
 the first weight load land there): images/s = samples trained / trainer wall time over
 those steps. Also from the logs: the rollout's seconds per lease, the trainer's publish
-time and the rollout's apply time for each LoRA version.
+time and the rollout's apply time for each LoRA version. Two runs on one ``--compile-cache``
+make the second a warm start: its summary's ``rollout_model_ready_s``, ``rollout_warmup_s``
+and ``rollout_first_group_s`` say how soon a worker with a filled cache sampled (issue 9,
+item 7).
 """
 
 from __future__ import annotations
