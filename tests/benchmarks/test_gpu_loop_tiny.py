@@ -110,6 +110,18 @@ def test_summarize_only_recomputes_a_run_cut_short_before_its_summary(tmp_path, 
     assert summary["micro_batch_fallbacks"] == 1 and summary["micro_batch_size"] == 8
 
 
+def summary_of(tmp_path, benchmark_script, metrics: str, worker_log: str) -> dict:
+    """``gpu_loop --summarize-only`` on a run directory holding ``metrics`` and the worker's
+    log."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(metrics)
+    (run / "logs" / "rollout-0.log").write_text(worker_log)
+    gpu_loop = benchmark_script("gpu_loop")
+    assert gpu_loop.main(["--summarize-only", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    return json.loads((tmp_path / "gpu_loop.json").read_text())
+
+
 def test_summary_reports_the_trainer_and_worker_memory_peaks(tmp_path, benchmark_script):
     """The most memory the trainer held in any step (its metrics) and the worker in any
     lease (its log): what says whether a micro-batch fits beside the worker."""
@@ -120,18 +132,13 @@ def test_summary_reports_the_trainer_and_worker_memory_peaks(tmp_path, benchmark
         row = json.loads(lines[i])
         row.update(device_peak_allocated_gb=alloc, device_peak_reserved_gb=reserved)
         lines[i] = json.dumps(row)
-    run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (run / "logs" / "rollout-0.log").write_text(
+    worker_log = (
         "w: lease a done at version 0 in 9.10 s (device memory peak 12.40 GB allocated, "
         "14.00 GB reserved)\n"
         "w: lease b done at version 1 in 1.90 s (device memory peak 11.00 GB allocated, "
         "15.50 GB reserved)\n"
     )
-    gpu_loop = benchmark_script("gpu_loop")
-    assert gpu_loop.main(["--summarize-only", "--out", str(tmp_path), "--device", "cpu"]) == 0
-    summary = json.loads((tmp_path / "gpu_loop.json").read_text())
+    summary = summary_of(tmp_path, benchmark_script, "\n".join(lines) + "\n", worker_log)
     assert summary["trainer_peak_allocated_gb"] == 51.25
     assert summary["trainer_peak_reserved_gb"] == 56.5
     assert summary["rollout_peak_allocated_gb"] == 12.4
@@ -168,10 +175,7 @@ def test_summary_reports_the_workers_start_up(tmp_path, benchmark_script):
     """Model ready, warm-up and the first group after the worker's first log line: what a
     second run on the same ``--compile-cache`` measures as a warm start (issue 9, item 7)."""
     metrics = RESULTS / "gpu_session12_2026-12-06" / "loop_micro16_fallback" / "metrics.jsonl"
-    run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text(metrics.read_text())
-    (run / "logs" / "rollout-0.log").write_text(
+    worker_log = (
         "2026-12-07 15:14:06,045 INFO omnirl.rollout: rollout-0: attention cudnn\n"
         "2026-12-07 15:14:08,000 INFO omnirl.models.compile: loaded compile cache /c/artifacts.bin\n"
         "2026-12-07 15:14:40,100 INFO omnirl.rollout: compiled backend warmed up in 21.5 s\n"
@@ -181,9 +185,7 @@ def test_summary_reports_the_workers_start_up(tmp_path, benchmark_script):
         "2026-12-07 15:14:50,000 INFO omnirl.rollout: rollout-0: lease r:g0:l1 done at version 0 "
         "in 2.30 s\n"
     )
-    gpu_loop = benchmark_script("gpu_loop")
-    assert gpu_loop.main(["--summarize-only", "--out", str(tmp_path), "--device", "cpu"]) == 0
-    summary = json.loads((tmp_path / "gpu_loop.json").read_text())
+    summary = summary_of(tmp_path, benchmark_script, metrics.read_text(), worker_log)
     assert summary["rollout_cache_loaded"] is True
     assert summary["rollout_model_ready_s"] == 34.2 and summary["rollout_warmup_s"] == 21.5
     assert summary["rollout_first_group_s"] == 41.5  # 15:14:06.045 -> 15:14:47.545
