@@ -33,6 +33,8 @@ case the best compiled variant against `default`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import re
 import sys
@@ -46,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from probe_timing import seconds_per_call, write_results
 
-FLOAT8 = torch.float8_e4m3fn
-FLOAT8_MAX = 448.0
+from omnirl.models.float8 import FLOAT8, quantize_static, scaled_matmul
+
 # name: (kind, rows, in, out, tokens a sample); in priority order (the budget cuts the tail)
 CASES = {
     "ff_up_gelu_quant": ("gelu_quant", 32768, 1536, 6144, 1024),
@@ -67,29 +69,20 @@ VARIANTS = ("eager", "default", "autotune", "autotune_triton")
 AUTOTUNE = {"triton.enable_persistent_tma_matmul": True}
 
 
-def _mm(a8, w8t, sa, sw):
-    return torch._scaled_mm(
-        a8, w8t, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True
-    )
-
-
-def _quant(x, s):
-    return (x.float() / s).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
-
-
+# The float8 layers' own calls (``omnirl.models.float8``), fast accumulation as in the step.
 def plain(a8, w8t, sa, sw):
-    return _mm(a8, w8t, sa, sw)
+    return scaled_matmul(a8, w8t, sa, sw, True)
 
 
 def gelu_quant(a8, w8t, sa, sw, bias, qs):
     """Returns ``(q e4m3 [M, N], y bf16 [M, N])``."""
-    y = _mm(a8, w8t, sa, sw) + bias
-    return _quant(F.gelu(y.float(), approximate="tanh"), qs), y
+    y = scaled_matmul(a8, w8t, sa, sw, True) + bias
+    return quantize_static(F.gelu(y.float(), approximate="tanh"), qs)[0], y
 
 
 def gated(a8, w8t, sa, sw, bias, gate, res):
     """``gate`` bf16 ``[B, N]``, ``res`` bf16 ``[B, T, N]``; returns bf16 ``[B, T, N]``."""
-    y = (_mm(a8, w8t, sa, sw) + bias).view(res.shape)
+    y = (scaled_matmul(a8, w8t, sa, sw, True) + bias).view(res.shape)
     return res + gate[:, None, :] * y
 
 
@@ -97,8 +90,8 @@ def modulate(x, shift, scale, qs, w8t, sw):
     """``x`` bf16 ``[B, T, K]`` (normalised), ``shift``/``scale`` ``[B, K]``; returns bf16
     ``[B*T, N]``."""
     h = x * (1 + scale[:, None, :]) + shift[:, None, :]
-    q = _quant(h, qs).flatten(0, 1)
-    return _mm(q, w8t, qs.expand(q.shape[0], 1).contiguous(), sw)
+    q, q_scale = quantize_static(h.flatten(0, 1), qs)
+    return scaled_matmul(q, w8t, q_scale, sw, True)
 
 
 KINDS = {"plain": plain, "gelu_quant": gelu_quant, "gated": gated, "modulate": modulate}
@@ -156,11 +149,15 @@ def kernels_of(code: str) -> dict:
 
 
 def compiled(fn, variant: str):
-    """``fn`` under the variant's compile settings, and the config patch to call it in."""
+    """``fn`` under the variant's compile settings (as it is for ``eager``), and the config
+    patch to call it in."""
     from torch._inductor import config
 
+    if variant == "eager":
+        return fn, contextlib.nullcontext()
+    torch._dynamo.reset()
     if variant == "default":
-        return torch.compile(fn, dynamic=False), config.patch({})
+        return torch.compile(fn, dynamic=False), contextlib.nullcontext()
     backends = "ATEN,TRITON" if variant == "autotune" else "TRITON"
     patch = config.patch({**AUTOTUNE, "max_autotune_gemm_backends": backends})
     return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False), patch
@@ -182,20 +179,18 @@ def time_case(name: str, case: tuple, variants: list[str], device, seconds: floa
         if time.monotonic() > deadline:
             out.append({**row, "skipped": "budget"})
             continue
-        call, info = fn, {}
+        info = {}
         try:
-            if variant != "eager":
-                torch._dynamo.reset()
-                call, patch = compiled(fn, variant)
-                with patch:
+            call, patch = compiled(fn, variant)
+            with patch:
+                if variant == "eager":
+                    result = reference
+                else:
                     start = time.perf_counter()
                     result, codes = run_and_get_code(call, *args)
                     info = {"compile_s": round(time.perf_counter() - start, 1)}
                     info.update(kernels_of("\n".join(codes)))
-                    per = seconds_per_call(lambda c=call: c(*args), device, seconds, batch=10)
-            else:
-                result = fn(*args)
-                per = seconds_per_call(lambda: fn(*args), device, seconds, batch=10)
+                per = seconds_per_call(functools.partial(call, *args), device, seconds, batch=10)
         except Exception as exc:  # a variant this torch or card cannot build: say so, go on
             out.append({**row, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
             continue

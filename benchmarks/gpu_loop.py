@@ -352,12 +352,13 @@ def worker_start(text: str) -> dict:
         found = pattern.search(text)
         if found:
             out[key] = float(found.group(1))
-    stamps = _STAMP.findall(text)
-    done = next((line for line in text.splitlines() if _LEASE.search(line)), None)
-    if stamps and done and _STAMP.match(done):
+    first = _STAMP.search(text)
+    done = next((line for line in text.splitlines() if _LEASE.search(line)), "")
+    done_at = _STAMP.match(done)
+    if first and done_at:
         fmt = "%Y-%m-%d %H:%M:%S,%f"
-        start = datetime.datetime.strptime(stamps[0], fmt)
-        end = datetime.datetime.strptime(_STAMP.match(done).group(1), fmt)
+        start = datetime.datetime.strptime(first.group(1), fmt)
+        end = datetime.datetime.strptime(done_at.group(1), fmt)
         out["rollout_first_group_s"] = round((end - start).total_seconds(), 1)
     return out
 
