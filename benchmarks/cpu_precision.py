@@ -18,6 +18,10 @@ Sides alternate after warm-up (compilation included there and reported), so load
 processes hits all alike; medians are reported, as ratios to the float32 eager side.
 
     uv run python benchmarks/cpu_precision.py [--repeats 6] [--threads 1] [--write]
+
+``--group-size`` and ``--micro`` shrink the work below the config's and ``--compile-backend
+aot_eager`` traces without generating kernels (a smoke test of the script); the numbers in
+``docs/benchmarks.md`` are the config's sizes under inductor.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,13 +56,15 @@ from omnirl.trainer.config import LoraConfig, load_config
 SIDES = ("float32 eager", "bf16 eager", "float32 compiled", "bf16 compiled")
 
 
-def build_sides(build: Callable[[torch.dtype], object]) -> dict[str, object]:
+def build_sides(
+    build: Callable[[torch.dtype], object], compile_config: CompileConfig
+) -> dict[str, object]:
     """One adapter per side of :data:`SIDES`: ``build(dtype)``, compiled where the side is."""
     sides = {}
     for name in SIDES:
         adapter = build(torch.bfloat16 if name.startswith("bf16") else torch.float32)
         if "compiled" in name:
-            adapter.compile(CompileConfig())
+            adapter.compile(compile_config)
         sides[name] = adapter
     return sides
 
@@ -125,11 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--group-size", type=int, default=None, help="default: the config's")
+    p.add_argument("--micro", type=int, default=None, help="default: the config's")
+    p.add_argument("--compile-backend", default="inductor", help="aot_eager: no kernels")
     p.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = p.parse_args(argv)
+    if args.write and (args.group_size or args.micro or args.compile_backend != "inductor"):
+        p.error(
+            "--write records the config's sizes under inductor: drop --group-size, "
+            "--micro and --compile-backend"
+        )
+    compile_config = CompileConfig(backend=args.compile_backend)
     torch.set_num_threads(args.threads)
     cfg = load_config(CONFIG)
     sampling = lease_sampling_params(cfg, seed=1)  # what the trainer leases
+    if args.group_size:
+        sampling = msgspec.structs.replace(sampling, group_size=args.group_size)
     lease = training_leases()
     lora = LoraConfig.peft_kwargs(cfg.model.lora)
     probe = ShapesT2IRolloutAdapter.from_pretrained(ROOT / cfg.model.path, lora=lora)
@@ -137,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.load_weights("lora", update)
 
     # rollout
-    roll = build_sides(lambda dtype: rollout_adapter(cfg, update, dtype))
+    roll = build_sides(lambda dtype: rollout_adapter(cfg, update, dtype), compile_config)
     counter = iter(range(10**9))
 
     def sample(adapter) -> None:
@@ -152,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # training: transitions recorded by the float32 rollout, one micro-batch at the first
     # trained step; the loss is the summed log-prob (its backward is the trainer's)
-    micro = int(cfg.algorithm.overrides.get("micro_batch_size", 64))
+    micro = args.micro or int(cfg.algorithm.overrides.get("micro_batch_size", 64))
     groups = []
     while sum(int(g.latents.shape[0]) for g in groups) < micro:
         groups += probe.sample(
@@ -160,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     batch = collate_transitions(groups, 0).select(torch.arange(micro))
     sde_type = sampling.sde_type
-    train = build_sides(lambda dtype: training_adapter(cfg, update, dtype))
+    train = build_sides(lambda dtype: training_adapter(cfg, update, dtype), compile_config)
 
     def step(adapter):
         out = adapter.transition(batch, sde_type=sde_type)
