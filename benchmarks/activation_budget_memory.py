@@ -18,8 +18,12 @@ where this count finds nothing to take (``docs/gpu_sessions.md``, "seventeenth")
 the GPU's figures (``gpu_sd35m.py --activation-memory-budget``); this one says what the
 blocks save with no budget, and which block variant holds what.
 
+``--backend inductor`` partitions as the trainer's compile does, with the pass that keeps the
+attention's outputs saved under a budget (``omnirl.models.compile_attention``; inductor
+only); ``--recompute-attention`` leaves the choice to torch's partitioner alone.
+
     uv run python benchmarks/activation_budget_memory.py [--budgets 1,0.8,0.5,0.3] [--tiny]
-        [--float8] [--side 512]
+        [--float8] [--side 512] [--backend inductor [--recompute-attention]]
 """
 
 from __future__ import annotations
@@ -61,14 +65,25 @@ def _model(tiny: bool, float8: bool):
 
 
 def saved_bytes_by_variant(
-    budget: float | None, *, tiny: bool, float8: bool, side: int = 512
+    budget: float | None,
+    *,
+    tiny: bool,
+    float8: bool,
+    side: int = 512,
+    backend: str = "aot_eager",
+    recompute_attention: bool = False,
 ) -> dict[str, int]:
     """Bytes autograd saves inside each block variant for one forward of 2 rows: each
     buffer once, the parameters and the modules' buffers (float8 weight copies) not at all.
     ``side``: the image's height and width in pixels (the latent is an eighth of it)."""
     torch._dynamo.reset()
     model = _model(tiny, float8)
-    compile_module(model, CompileConfig(backend="aot_eager", activation_memory_budget=budget))
+    config = CompileConfig(
+        backend=backend,
+        activation_memory_budget=budget,
+        recompute_attention=recompute_attention,
+    )
+    compile_module(model, config)
     names = ["dual", "plain", "last"]
     current: list[str] = []
     saved = dict.fromkeys(names, 0)
@@ -130,18 +145,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--float8", action="store_true", help="the float8 trainer's blocks (static scales)"
     )
+    p.add_argument("--backend", default="aot_eager", help="inductor: as the trainer compiles")
+    p.add_argument(
+        "--recompute-attention",
+        action="store_true",
+        help="under a budget, let torch's partitioner recompute the attention (inductor)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the rows here as JSONL")
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
     for text in args.budgets.split(","):
         budget = None if float(text) == 1.0 else float(text)
-        saved = saved_bytes_by_variant(budget, tiny=args.tiny, float8=args.float8, side=args.side)
+        saved = saved_bytes_by_variant(
+            budget,
+            tiny=args.tiny,
+            float8=args.float8,
+            side=args.side,
+            backend=args.backend,
+            recompute_attention=args.recompute_attention,
+        )
         model_gb = sum(saved[v] * n for v, n in BLOCKS_OF.items()) / 1e9
         row = {
             "budget": float(text),
             "float8": args.float8,
             "side": None if args.tiny else args.side,
+            "backend": args.backend,
+            "recompute_attention": args.recompute_attention,
             **{f"{v}_block_mb": round(b / 1e6, 2) for v, b in saved.items()},
             "model_gb_per_sample": round(model_gb, 3),
         }

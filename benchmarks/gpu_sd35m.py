@@ -263,6 +263,7 @@ class Bench(Float8Stages, MemoryStages):
             regional=regional_scope(scope or self.args.compile_scope),
             # changes only graphs with a backward: the trainer's, not the rollout's
             activation_memory_budget=self.args.activation_memory_budget,
+            recompute_attention=self.args.recompute_attention,
         )
 
     def compile_rollout(self) -> None:

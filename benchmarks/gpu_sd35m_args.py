@@ -28,6 +28,12 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
         help="the compiled trainer's train.activation_memory_budget (the share of a block's "
         "activations kept for the backward; default: torch's)",
     )
+    p.add_argument(
+        "--recompute-attention",
+        action="store_true",
+        help="under --activation-memory-budget, let torch's partitioner recompute the "
+        "attention (train.recompute_attention; default: its outputs stay saved)",
+    )
     p.add_argument("--compile-mode", default=None)
     p.add_argument(
         "--compile-decoder",

@@ -164,6 +164,7 @@ class Float8Stages:
             parity_max=m["behav_prox_logp_absdiff_max"],
             parity_of=what,
             activation_memory_budget=self.args.activation_memory_budget,
+            recompute_attention=self.args.recompute_attention,
             **{f"peak_{kind}_gb": gb for kind, gb in peak.items()},
         )
         # kernel time by kind of one more step: what is left of it for kernel work

@@ -174,6 +174,7 @@ def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path
     )
     assert 0 < train["parity_max"] < 0.1 and train["compile_s"] > 0
     assert train["activation_memory_budget"] == 0.5  # the trainer compiled with it
+    assert train["recompute_attention"] is False  # its attention kept saved (inductor's pass)
     assert rows["profile_train_fp8_best"]["launches"] > 0
     assert rows["omnirl_iteration_same_work_train_fp8_best"]["kl"] is True
     md = (tmp_path / "gpu_sd35m.md").read_text()

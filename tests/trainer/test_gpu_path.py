@@ -94,6 +94,7 @@ def test_only_train_step_fields_of_train_reach_the_step_config(tmp_path):
         "train.compile_mode=max-autotune-no-cudagraphs",
         f"train.compile_cache={tmp_path / 'cache'}",
         "train.activation_memory_budget=0.5",
+        "train.recompute_attention=true",
         "train.gradient_checkpointing=true",
         "train.lr_warmup_steps=3",
         "train.lr=3e-4",
@@ -215,6 +216,8 @@ def test_compile_scope_is_validated_and_listed_alike_by_trainer_and_rollout():
     # a compiled trainer's activation memory budget: in (0, 1], and only with compile
     budget = ["train.compile=true", "train.activation_memory_budget=0.5"]
     assert load_config(None, [*base, *budget]).train.activation_memory_budget == 0.5
+    with pytest.raises(ConfigError, match=r"train\.recompute_attention.*only under"):
+        load_config(None, [*base, "train.compile=true", "train.recompute_attention=true"])
     with pytest.raises(ConfigError, match=r"train\.activation_memory_budget.*needs train\.compile"):
         load_config(None, [*base, "train.activation_memory_budget=0.5"])
     with pytest.raises(ConfigError, match=r"train\.activation_memory_budget.*\(0, 1\], not 0\.0"):

@@ -60,7 +60,9 @@ class CompileConfig:
     ``torch._functorch.config.activation_memory_budget``). ``None``: torch's default (1:
     recompute only what is free). A finer trade than gradient checkpointing, which saves only
     each block's inputs. A forward without a backward (a rollout, a no-grad pass) is
-    unchanged.
+    unchanged. Under a budget the attention kernels' outputs stay saved (recomputing one
+    costs far more than the bytes it frees; :mod:`omnirl.models.compile_attention`, inductor
+    only) unless ``recompute_attention``.
     """
 
     mode: str | None = None
@@ -71,6 +73,7 @@ class CompileConfig:
     cache_dir: str | None = None
     recompile_limit: int = 64
     activation_memory_budget: float | None = None
+    recompute_attention: bool = False
 
     def __post_init__(self) -> None:
         budget = self.activation_memory_budget
@@ -143,7 +146,9 @@ def compile_module(module: torch.nn.Module, config: CompileConfig) -> list[str]:
         )
         if config.activation_memory_budget is not None:
             compiled_forward = _with_memory_budget(
-                compiled_forward, config.activation_memory_budget
+                compiled_forward,
+                config.activation_memory_budget,
+                save_attention=not config.recompute_attention,
             )
         target.forward = compiled_forward
         target._omnirl_compiled = True
@@ -158,17 +163,23 @@ def compile_module(module: torch.nn.Module, config: CompileConfig) -> list[str]:
     return compiled
 
 
-def _with_memory_budget(forward: Callable, budget: float) -> Callable:
-    """``forward`` with AOTAutograd's activation memory budget set while it runs: the
-    partitioner reads it when a call compiles (a shape's first call), not at
-    ``torch.compile``."""
+def _with_memory_budget(forward: Callable, budget: float, *, save_attention: bool) -> Callable:
+    """``forward`` with AOTAutograd's activation memory budget set while it runs (and, with
+    ``save_attention``, inductor's pass that keeps attention outputs saved): the partitioner
+    reads them when a call compiles (a shape's first call), not at ``torch.compile``."""
+    import contextlib
     import functools
 
     import torch._functorch.config as functorch_config
 
+    if save_attention:
+        from omnirl.models.compile_attention import attention_saved
+    else:
+        attention_saved = contextlib.nullcontext
+
     @functools.wraps(forward)
     def budgeted(*args, **kwargs):
-        with functorch_config.patch(activation_memory_budget=budget):
+        with functorch_config.patch(activation_memory_budget=budget), attention_saved():
             return forward(*args, **kwargs)
 
     return budgeted

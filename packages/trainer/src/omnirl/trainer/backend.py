@@ -129,6 +129,7 @@ class AdapterBackend:
                     cache_dir=cfg.train.compile_cache,
                     regional=regional_scope(cfg.train.compile_scope),
                     activation_memory_budget=cfg.train.activation_memory_budget,
+                    recompute_attention=cfg.train.recompute_attention,
                 )
             )
         self.weight_format = self.adapter.weight_format

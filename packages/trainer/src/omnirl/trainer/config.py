@@ -160,6 +160,10 @@ class TrainConfig:
     # saved; the rest is recomputed, cheapest first (omnirl.models.compile.CompileConfig).
     # null: torch's default. Between no recomputation and gradient_checkpointing
     activation_memory_budget: float | None = None
+    # under a budget the attention kernels' outputs stay saved (inductor; torch's partitioner
+    # alone recomputes cuDNN's attention: +279 ms a step at 0.5, "seventeenth session");
+    # true: let the budget recompute them as torch chooses
+    recompute_attention: bool = False
     # the blocks' frozen linear layers as float8 matmuls (LoRA runs, Hopper GPUs;
     # omnirl.models.float8, "Training"): activation scales "rowwise" or "static" (calibrated
     # on the step's first micro-batches, again every float8_recalibrate_every updates), the
@@ -341,6 +345,11 @@ def _validate(cfg: DictConfig) -> None:
             f"known: {list(COMPILE_SCOPES)}"
         )
     budget = cfg.train.activation_memory_budget
+    if cfg.train.recompute_attention and budget is None:
+        raise ConfigError(
+            "key 'train.recompute_attention': applies only under "
+            "train.activation_memory_budget (without one nothing is recomputed)"
+        )
     if budget is not None:
         if not cfg.train.compile:
             raise ConfigError(
