@@ -60,9 +60,10 @@ class CompileConfig:
     ``torch._functorch.config.activation_memory_budget``). ``None``: torch's default (1:
     recompute only what is free). A finer trade than gradient checkpointing, which saves only
     each block's inputs. A forward without a backward (a rollout, a no-grad pass) is
-    unchanged. Under a budget the attention kernels' outputs stay saved (recomputing one
-    costs far more than the bytes it frees; :mod:`omnirl.models.compile_attention`, inductor
-    only) unless ``recompute_attention``.
+    unchanged. Under a budget the attention kernels' outputs stay saved unless
+    ``recompute_attention`` (torch's partitioner alone re-ran cuDNN's attention forward in
+    the backward, 279 ms of SD3.5-M's 4.7 s step at 0.5; :mod:`omnirl.models.compile_attention`,
+    inductor only).
     """
 
     mode: str | None = None

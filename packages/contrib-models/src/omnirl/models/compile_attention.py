@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -79,16 +80,15 @@ class SaveAttention(CustomGraphPass):
 def attention_saved() -> Iterator[None]:
     """While inside, graphs inductor compiles keep their attention outputs saved
     (:class:`SaveAttention`). A joint pre-pass someone else set is left in place, with a
-    warning: inductor runs one."""
+    warning (once per call site, not once per block call): inductor runs one."""
     from torch._inductor import config
 
-    if config.joint_custom_pre_pass is not None and not isinstance(
-        config.joint_custom_pre_pass, SaveAttention
-    ):
-        log.warning(
-            "torch._inductor.config.joint_custom_pre_pass is already set (%r): the activation "
-            "memory budget may recompute attention",
-            config.joint_custom_pre_pass,
+    theirs = config.joint_custom_pre_pass
+    if theirs is not None and not isinstance(theirs, SaveAttention):
+        warnings.warn(
+            f"torch._inductor.config.joint_custom_pre_pass is already set ({theirs!r}): the "
+            "activation memory budget may recompute attention",
+            stacklevel=3,
         )
         yield
         return
