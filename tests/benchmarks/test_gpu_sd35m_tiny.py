@@ -13,8 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _run_tiny(out: Path, *options: str, timeout: float) -> dict[str, dict]:
-    """Run the benchmark on the toy model on the CPU; its JSONL rows by stage."""
+def _run_tiny(
+    out: Path, *options: str, timeout: float, backend: str = "aot_eager"
+) -> dict[str, dict]:
+    """Run the benchmark on the toy model on the CPU; its JSONL rows by stage. ``backend``:
+    ``aot_eager`` traces forward and backward as inductor would (AOTAutograd, the budget's
+    partitioner); ``eager`` only dynamo's graphs (the stages' bookkeeping, a third faster)."""
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "gpu_sd35m.py"),
@@ -22,7 +26,7 @@ def _run_tiny(out: Path, *options: str, timeout: float) -> dict[str, dict]:
         "--device",
         "cpu",
         "--compile-backend",
-        "aot_eager",
+        backend,
         "--repeats",
         "1",
         "--out",
@@ -35,7 +39,9 @@ def _run_tiny(out: Path, *options: str, timeout: float) -> dict[str, dict]:
 
 
 def test_tiny_run_reports_every_stage(tmp_path):
-    rows = _run_tiny(tmp_path, "--budget-s", "3000", timeout=1800)
+    # every stage's rows and report; AOTAutograd's tracing of the same trainers is the other
+    # tests' (fp8_best below, tests/models/test_compile_backend.py, test_float8_training.py)
+    rows = _run_tiny(tmp_path, "--budget-s", "3000", timeout=1800, backend="eager")
     errors = {k: v for k, v in rows.items() if k.endswith(("_error", "_skipped"))}
     assert not errors, errors
     for stage in (
