@@ -19,9 +19,10 @@ Steady state is every optimiser step after the first ``--warmup-steps`` (compila
 the first weight load land there): images/s = samples trained / trainer wall time over
 those steps. Also from the logs: the rollout's seconds per lease, the trainer's publish
 time and the rollout's apply time for each LoRA version. Two runs on one ``--compile-cache``
-make the second a warm start: its summary's ``rollout_model_ready_s``, ``rollout_warmup_s``
-and ``rollout_first_group_s`` say how soon a worker with a filled cache sampled (issue 9,
-item 7).
+make the second a warm start: its summary's ``rollout_model_ready_s``, ``rollout_warmup_s``,
+``rollout_first_group_s`` (from the worker's first log line) and
+``rollout_first_group_after_launch_s`` (from the launcher's start, imports included) say how
+soon a worker with a filled cache sampled (issue 9, item 7).
 """
 
 from __future__ import annotations
@@ -250,6 +251,9 @@ def launch(args, config: Path, out: Path) -> int:
         str(args.reward_workers),
         f"--rollout-args={shlex.join(rollout)}",  # the "=" form: the value starts with a dash
     ]
+    # when the launcher started, for the worker's first group counted from it (its imports,
+    # the model's build and compile, its first lease); read back by ``--summarize-only``
+    (out / "launched_at").write_text(f"{time.time():.3f}\n")
     with open(out / "launch.log", "w") as log:
         return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -324,7 +328,9 @@ def summarize(args, out: Path, started: float) -> dict:
             summary["rollout_lease_s_median"] = round(statistics.median(tail), 3)
             summary["rollout_s_per_image"] = round(statistics.median(tail) / args.group_size, 4)
             summary["leases"] = len(leases)
-        summary.update(worker_start(text))
+        launched = out / "launched_at"
+        launched_at = float(launched.read_text()) if launched.exists() else None
+        summary.update(worker_start(text, launched_at))
         peaks = [(float(a), float(r)) for a, r in _PEAK.findall(text)]
         if peaks:  # the worker's most in any lease
             summary["rollout_peak_allocated_gb"] = max(a for a, _ in peaks)
@@ -343,10 +349,13 @@ def summarize(args, out: Path, started: float) -> dict:
     return summary
 
 
-def worker_start(text: str) -> dict:
+def worker_start(text: str, launched_at: float | None = None) -> dict:
     """The worker's start-up from its log: model ready (build, compile, warm-up) and warm-up
     alone, as it logs them; ``rollout_first_group_s``, its first lease done, counted from its
-    first log line (so after its imports, a few seconds); whether it loaded a compile cache."""
+    first log line (so after its imports, a few seconds), and with ``launched_at`` (the
+    launcher's start, seconds since the epoch, this machine's clock)
+    ``rollout_first_group_after_launch_s``, counted from there; whether it loaded a compile
+    cache."""
     out: dict = {"rollout_cache_loaded": "loaded compile cache" in text}
     for key, pattern in (("rollout_model_ready_s", _READY), ("rollout_warmup_s", _WARMED)):
         found = pattern.search(text)
@@ -360,6 +369,8 @@ def worker_start(text: str) -> dict:
         start = datetime.datetime.strptime(first.group(1), fmt)
         end = datetime.datetime.strptime(done_at.group(1), fmt)
         out["rollout_first_group_s"] = round((end - start).total_seconds(), 1)
+        if launched_at is not None:  # the log's times are local, as time.time() reads them
+            out["rollout_first_group_after_launch_s"] = round(end.timestamp() - launched_at, 1)
     return out
 
 

@@ -3,6 +3,7 @@ a run's files, and the device setup script."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -51,6 +52,8 @@ def test_tiny_loop_writes_a_steady_state_summary(tmp_path):
     assert summary["steady_samples"] == 2 * 2 * 8  # 2 steps x 2 groups x 8 samples
     assert summary["publish_s_median"] > 0 and summary["leases"] >= 10
     assert summary["rollout_device"] == "cpu"  # read back from the worker's own log
+    # the first group from the launcher's start: the worker's imports come before its log
+    assert summary["rollout_first_group_after_launch_s"] > summary["rollout_first_group_s"] > 0
     config = (tmp_path / "gpu_loop.yaml").read_text()
     assert "attention: math" in config and "micro_batch_size: 2" in config
     started = [
@@ -110,9 +113,13 @@ def test_summarize_only_recomputes_a_run_cut_short_before_its_summary(tmp_path, 
     assert summary["micro_batch_fallbacks"] == 1 and summary["micro_batch_size"] == 8
 
 
-def summary_of(tmp_path, benchmark_script, metrics: str, worker_log: str) -> dict:
-    """``gpu_loop --summarize-only`` on a run directory holding ``metrics`` and the worker's
-    log."""
+def summary_of(
+    tmp_path, benchmark_script, metrics: str, worker_log: str, launched_at: float | None = None
+) -> dict:
+    """``gpu_loop --summarize-only`` on a run directory holding ``metrics``, the worker's
+    log and, if given, the launcher's start time."""
+    if launched_at is not None:
+        (tmp_path / "launched_at").write_text(f"{launched_at}\n")
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
     (run / "metrics.jsonl").write_text(metrics)
@@ -185,10 +192,15 @@ def test_summary_reports_the_workers_start_up(tmp_path, benchmark_script):
         "2026-12-07 15:14:50,000 INFO omnirl.rollout: rollout-0: lease r:g0:l1 done at version 0 "
         "in 2.30 s\n"
     )
-    summary = summary_of(tmp_path, benchmark_script, metrics.read_text(), worker_log)
+    # the launcher started 5.2 s before the worker's first log line (its imports)
+    launched_at = datetime.datetime(2026, 12, 7, 15, 14, 0, 845000).timestamp()
+    summary = summary_of(
+        tmp_path, benchmark_script, metrics.read_text(), worker_log, launched_at=launched_at
+    )
     assert summary["rollout_cache_loaded"] is True
     assert summary["rollout_model_ready_s"] == 34.2 and summary["rollout_warmup_s"] == 21.5
     assert summary["rollout_first_group_s"] == 41.5  # 15:14:06.045 -> 15:14:47.545
+    assert summary["rollout_first_group_after_launch_s"] == 46.7  # from 15:14:00.845
 
 
 def test_compile_cache_is_the_runs_own_unless_given(tmp_path, benchmark_script):
