@@ -17,15 +17,24 @@ Rewards are registered as *factories* ``factory(**options) -> reward`` with
 config names it, with its options (``model=/path``). :func:`register_scorer` keeps the
 older, simpler form: a plain function ``fn(images, prompts) -> list[float]`` with one
 component named like the scorer.
+
+A reward of another package registers itself the same way in a module that the package
+names in the entry-point group ``omnirl.rewards`` (``[project.entry-points."omnirl.rewards"]
+my_reward = "my_package.rewards"``): the first lookup by name imports those modules, so a
+spec can name it with no edit to omnirl.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 READABLE = frozenset({"images", "prompt", "metadata"})
 
@@ -63,8 +72,11 @@ class Reward(Protocol):
 RewardFactory = Callable[..., Reward]
 Scorer = Callable[[Any, "list[str] | None"], list[float]]  # the plain-function form
 
+ENTRY_POINT_GROUP = "omnirl.rewards"
+
 _FACTORIES: dict[str, RewardFactory] = {}
 _FUNCTIONS: dict[str, Scorer] = {}
+_discovered: set[str] = set()  # entry points already imported
 
 
 class UnknownScorer(KeyError):
@@ -124,7 +136,23 @@ def _check_free(name: str, obj: object) -> None:
         raise ValueError(f"reward {name!r} is already registered")
 
 
+def discover() -> None:
+    """Import every not-yet-imported module of the entry-point group ``omnirl.rewards``.
+
+    A module that fails to import is logged and skipped: one broken package does not take
+    the other rewards down, and its names then show up as unknown."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _discovered:
+            continue
+        _discovered.add(ep.name)
+        try:
+            ep.load()
+        except Exception:
+            log.exception("omnirl.rewards entry point %r (%s) failed to import", ep.name, ep.value)
+
+
 def available_scorers() -> list[str]:
+    discover()
     return sorted({*_FACTORIES, *_FUNCTIONS})
 
 
@@ -136,6 +164,7 @@ def _unknown(name: str) -> UnknownScorer:
 
 def get_scorer(name: str) -> Scorer:
     """The plain function registered as ``name`` (rewards with options: :func:`build_reward`)."""
+    discover()
     try:
         return _FUNCTIONS[name]
     except KeyError:
@@ -144,6 +173,7 @@ def get_scorer(name: str) -> Scorer:
 
 def build_reward(name: str, **options: Any) -> Reward:
     """Build the reward registered as ``name`` with ``options``; validates what it declares."""
+    discover()
     if name in _FUNCTIONS:
         if options:
             raise RewardOptionError(f"scorer {name!r} takes no options, got {sorted(options)}")
