@@ -6,9 +6,10 @@ cheapest first by its estimate, which of a compiled graph's activations to recom
 backward. It never recomputes the operators on its list of compute-intensive ones (matmuls,
 convolutions, flash and memory-efficient attention), but that list lacks cuDNN's attention
 (what SD3 runs on Hopper, ``omnirl.models.device``) and the CPU's flash attention, so a budget
-re-runs their forward in the backward: at budget 0.5 on SD3.5-M that was +279 ms of the
-step's 4.7 s attention included, 9 % slower a step (``docs/gpu_sessions.md``, "GPU,
-seventeenth session"), for the few percent of the saved bytes an attention output is.
+re-runs their forward in the backward: at budget 0.5 on SD3.5-M the recomputed attention
+added 279 ms to a step of about 4.7 s that the budget made 9 % slower in all
+(``docs/gpu_sessions.md``, "GPU, seventeenth session"), to free a few per cent of the saved
+bytes (95 MB of 2.37 GB a sample in the CPU's count, "GPU, twenty-second session").
 :class:`SaveAttention` marks those nodes the way selective activation checkpointing marks
 what a policy must save (``CheckpointPolicy.MUST_SAVE``), which the partitioner never
 recomputes; the rest of the budget's choice is unchanged.
