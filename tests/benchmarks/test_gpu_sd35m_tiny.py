@@ -152,7 +152,7 @@ def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):
 def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path):
     """``fp8_best`` needs no other stage: the float8 rollout and trainer compiled from
     nothing, their parity, kernel split and same-work iteration; an ``--inductor`` setting
-    is applied and recorded with the run, and so is the trainer's activation memory budget."""
+    is applied and recorded with the run, and so are the trainer's activation memory budget and its attention setting."""
     rows = _run_tiny(
         tmp_path,
         "--stages",
@@ -161,6 +161,7 @@ def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path
         "triton.multi_kernel=0",
         "--activation-memory-budget",
         "0.5",
+        "--recompute-attention",
         "--compile-decoder",
         timeout=600,
     )
@@ -180,7 +181,9 @@ def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path
     )
     assert 0 < train["parity_max"] < 0.1 and train["compile_s"] > 0
     assert train["activation_memory_budget"] == 0.5  # the trainer compiled with it
-    assert train["recompute_attention"] is False  # its attention kept saved (inductor's pass)
+    # the flag reaches the trainer's compile (the pass itself is inductor's, not aot_eager's:
+    # tests/models/test_compile_attention.py)
+    assert train["recompute_attention"] is True
     assert rows["profile_train_fp8_best"]["launches"] > 0
     assert rows["omnirl_iteration_same_work_train_fp8_best"]["kl"] is True
     md = (tmp_path / "gpu_sd35m.md").read_text()

@@ -63,7 +63,9 @@ def test_reference_pass_only_with_a_kl_term(
     assert len(entered) == reference_passes  # 2 window steps x 2 micro-batches
 
 
-def test_model_options_are_read_from_train_and_not_passed_to_the_step(tiny_sd3_path, tmp_path):
+def test_model_options_are_read_from_train_and_not_passed_to_the_step(
+    tiny_sd3_path, tmp_path, caplog
+):
     overrides = [
         f"model.path={tiny_sd3_path}",
         f"data.prompts={tmp_path / 'p.jsonl'}",
@@ -75,10 +77,16 @@ def test_model_options_are_read_from_train_and_not_passed_to_the_step(tiny_sd3_p
     ]
     cfg = load_config(None, overrides)
     assert train_step_config(cfg).kl_beta == 0.01
-    backend = AdapterBackend(cfg)
+    with caplog.at_level("INFO", logger="omnirl.models.compile"):
+        backend = AdapterBackend(cfg)
     transformer = backend.adapter.transformer
     assert transformer.is_gradient_checkpointing and is_compiled(transformer)
     assert (tmp_path / "cache").is_dir()
+    assert "activation memory budget 0.5, attention kept saved" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="omnirl.models.compile"):
+        AdapterBackend(load_config(None, [*overrides, "train.recompute_attention=true"]))
+    assert "activation memory budget 0.5, attention recomputable" in caplog.text
     plain = AdapterBackend(load_config(None, overrides[:2]))
     assert not plain.adapter.transformer.is_gradient_checkpointing
     assert not is_compiled(plain.adapter.transformer)

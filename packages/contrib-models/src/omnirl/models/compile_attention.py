@@ -49,13 +49,10 @@ ATTENTION_KERNELS = frozenset(
 )
 
 
-def attention_kernel_name(node: torch.fx.Node) -> str | None:
-    """The aten name of ``node``'s target if it is one of :data:`ATTENTION_KERNELS`."""
-    if node.op != "call_function":
-        return None
+def is_attention_kernel(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls one of :data:`ATTENTION_KERNELS`."""
     packet = getattr(node.target, "_overloadpacket", None)
-    name = getattr(packet, "__name__", None)
-    return name if name in ATTENTION_KERNELS else None
+    return node.op == "call_function" and getattr(packet, "__name__", None) in ATTENTION_KERNELS
 
 
 class SaveAttention(CustomGraphPass):
@@ -67,7 +64,7 @@ class SaveAttention(CustomGraphPass):
 
         marked = 0
         for node in graph.nodes:
-            if attention_kernel_name(node) is not None:
+            if is_attention_kernel(node):
                 node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
                 marked += 1
         if marked:
