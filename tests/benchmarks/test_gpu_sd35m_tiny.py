@@ -152,7 +152,8 @@ def test_float8_rollout_alone_reports_the_loop_without_a_trainer(tmp_path):
 def test_fp8_best_runs_alone_from_a_cold_start_with_an_inductor_setting(tmp_path):
     """``fp8_best`` needs no other stage: the float8 rollout and trainer compiled from
     nothing, their parity, kernel split and same-work iteration; an ``--inductor`` setting
-    is applied and recorded with the run, and so are the trainer's activation memory budget and its attention setting."""
+    is applied and recorded with the run, and so are the trainer's activation memory budget
+    and its attention setting."""
     rows = _run_tiny(
         tmp_path,
         "--stages",
