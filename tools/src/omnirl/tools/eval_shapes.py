@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from omnirl.reward.shapes import CATEGORIES, ShapeSpec, score_batch
+from omnirl.reward.shapes.detector import MERGE_PARTS_HELP
 from omnirl.reward.shapes.world import COLOURS
 from omnirl.tools.policy_loading import load_adapter
 
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--merge-parts",
         action="store_true",
-        help="the detector joins parts of no palette colour to the palette object they touch",
+        help=MERGE_PARTS_HELP,
     )
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--device", default="cpu")

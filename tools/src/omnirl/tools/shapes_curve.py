@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from omnirl.reward.shapes.detector import MERGE_PARTS_HELP
 from omnirl.tools.eval_shapes import (
     EvalRun,
     bootstrap_ci,
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--merge-parts",
         action="store_true",
-        help="the detector joins parts of no palette colour to the palette object they touch",
+        help=MERGE_PARTS_HELP,
     )
     args = parser.parse_args(argv)
 

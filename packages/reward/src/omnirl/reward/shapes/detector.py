@@ -279,6 +279,10 @@ def dominant_colour(result: ShapeScore) -> str | None:
     return max(COLOURS, key=colours.count) if colours else None
 
 
+# the command-line help of ``merge_parts`` (measure, eval_shapes, shapes_curve)
+MERGE_PARTS_HELP = "the detector joins parts of no palette colour to the palette object they touch"
+
+
 def score_batch(
     images: Any, spec: ShapeSpec | dict[str, Any], *, merge_parts: bool = False
 ) -> list[ShapeScore]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from omnirl.reward.shapes.detector import score_batch
+from omnirl.reward.shapes.detector import MERGE_PARTS_HELP, score_batch
 from omnirl.reward.shapes.render import render
 from omnirl.reward.shapes.world import (
     CATEGORIES,
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--merge-parts",
         action="store_true",
-        help="the detector joins parts of no palette colour to the palette object they touch",
+        help=MERGE_PARTS_HELP,
     )
     args = parser.parse_args(argv)
     args.scorer = functools.partial(score_batch, merge_parts=args.merge_parts)
