@@ -154,17 +154,19 @@ def compile_module(module: torch.nn.Module, config: CompileConfig) -> list[str]:
         target.forward = compiled_forward
         target._omnirl_compiled = True
         compiled.append(names.get(id(target), "") or type(target).__name__)
-    budget = config.activation_memory_budget
+    budget = ""
+    if config.activation_memory_budget is not None:
+        attention = "recomputable" if config.recompute_attention else "kept saved"
+        budget = (
+            f", activation memory budget {config.activation_memory_budget}, attention {attention}"
+        )
     log.info(
         "compiled %d module(s) (%s, mode %s, backend %s%s)",
         len(compiled),
         "regional" if targets[0] is not module else "whole",
         config.mode,
         config.backend,
-        ""
-        if budget is None
-        else f", activation memory budget {budget}, attention "
-        + ("recomputable" if config.recompute_attention else "kept saved"),
+        budget,
     )
     return compiled
 
